@@ -1,0 +1,1 @@
+"""The analytic memory model: per-GPU breakdown, host RAM and NVMe for one configuration."""

@@ -1,0 +1,197 @@
+"""Activations saved for backward, per transformer block and per micro-batch, and the logits term.
+
+The structure follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+Transformer Models"), whose 34·sbh + 5·as²b bytes per layer is the GPT-style special case; here
+every tensor autograd keeps is counted from the architecture as transformers implements it
+(verified against saved-tensor measurements in tests/test_memory_activations.py):
+
+  norms        HF RMSNorm upcasts to fp32: keeps the fp32 input and the normalised 16-bit
+               tensor (6 bytes/element in 16-bit); LayerNorm keeps its input + mean/rstd.
+  linear inputs  one tensor per distinct input, kept only if a consuming linear has a trainable
+               weight or a LoRA adapter (a frozen linear needs no input for its backward).
+  attention    sdpa/flash: q, k, v (after RoPE, K/V at the KV width: GQA stays unexpanded),
+               the output and the fp32 log-sum-exp; eager: q and K expanded to all heads, fp32
+               softmax output + its 16-bit copy (the s² terms), V expanded; then the
+               contiguous output o_proj reads.
+  MLP          gated SiLU: gate, SiLU(gate), up, product (4 × s·b·ffn); GELU: 2; ReLU: 1;
+               GELU written as tanh formula (gpt2/phi "gelu_new"): 5. MoE: per routed token.
+  dropout      a 1-byte mask per element where the config's dropout > 0.
+
+Tensor parallelism (DeepSpeed AutoTP): norms and the inputs of column-parallel linears stay
+whole, everything between a column- and a row-parallel linear is split by tp.
+Recompute: `selective` recomputes the attention core (no s² terms, no saved output/LSE);
+`full` keeps each block's input plus one block's working set while it is recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.models.arch import ModelArch
+from launcher.spec import TrainSpec
+
+# Elements kept by the MLP activation function, in units of s·b·ffn (including the tensor the
+# down projection reads).
+_ACT_SAVED = {"silu": 4, "gelu": 2, "relu": 1, "gelu_new": 5, "bloom_gelu": 2}
+_ACT_ALIASES = {
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_fast": "gelu_new",
+    "quick_gelu": "gelu_new",
+    "gelu_accurate": "gelu_new",
+}
+_EAGER_ONLY = {"bloom"}  # transformers implements only eager attention for these
+
+
+def activation_fn(arch: ModelArch) -> str:
+    cfg = arch.hf_config
+    if arch.model_type == "bloom":
+        return "bloom_gelu"
+    act = cfg.get("hidden_act") or cfg.get("activation_function") or cfg.get("activation")
+    if arch.gated_mlp:
+        return "silu"
+    act = _ACT_ALIASES.get(act, act)
+    return act if act in _ACT_SAVED else "gelu"
+
+
+def attention_impl(arch: ModelArch, spec: TrainSpec) -> str:
+    return "eager" if arch.model_type in _EAGER_ONLY else spec.attention
+
+
+def _dropout(arch: ModelArch, *keys: str) -> float:
+    for k in keys:
+        v = arch.hf_config.get(k)
+        if isinstance(v, int | float):
+            return float(v)
+    return 0.0
+
+
+@dataclass(frozen=True)
+class LayerActivations:
+    """Bytes one block keeps for backward, for one micro-batch on one GPU."""
+
+    norms: float
+    linear_inputs: float
+    attention: float
+    attention_scores: float  # the s² terms (eager only)
+    mlp: float
+    dropout: float
+
+    @property
+    def total(self) -> float:
+        return self.norms + self.linear_inputs + self.attention + self.attention_scores + self.mlp + self.dropout
+
+
+def _n_norms(arch: ModelArch) -> int:
+    per = arch.hidden * (2 if arch.norm == "layernorm" else 1)
+    return max(1, round(arch.layer_norm_params / per)) if per else 1
+
+
+def norm_bytes(arch: ModelArch, tokens: float, e: int, trainable: bool) -> float:
+    """What one norm over `tokens` rows keeps for backward.
+
+    HF RMSNorm: x.float() -> x * rsqrt(mean(x²) + eps) -> .to(dtype) * weight. pow/mul keep the
+    fp32 input and rsqrt; the weight multiply keeps the normalised tensor only when the weight
+    trains (not under LoRA). LayerNorm keeps its input and the fp32 mean/rstd.
+    """
+    h = arch.hidden
+    if arch.norm == "rmsnorm":
+        return tokens * h * 4 + 4 * tokens + (tokens * h * e if trainable else 0)
+    return tokens * h * e + 8 * tokens
+
+
+def layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> LayerActivations:
+    e = 4 if spec.precision == "fp32" else 2
+    t = spec.tp
+    b, s = spec.micro_batch, spec.seq_len
+    T = b * s
+    h, f = arch.hidden, arch.ffn
+    qd = arch.heads * arch.head_dim
+    kvd = arch.kv_dim
+    heads = arch.heads / t
+
+    def keeps(role: str) -> bool:
+        lins = [lin for lin in arch.linears if lin.role == role]
+        return any(spec.method == "full" or lin.name in targets for lin in lins)
+
+    n_norms = _n_norms(arch)
+    norms = n_norms * norm_bytes(arch, T, e, spec.method == "full")
+
+    linear_inputs = 0.0
+    if keeps("qkv"):
+        linear_inputs += T * h * e
+    impl = attention_impl(arch, spec)
+    if keeps("attn_out") and impl == "eager":
+        # sdpa/flash return (b, s, heads, d) memory: o_proj reads a view of the kept output
+        linear_inputs += T * qd / t * e
+    shared_norm = n_norms == 1 and arch.model_type != "gpt2"  # parallel block: MLP reads the same tensor
+    if (keeps("mlp_in") or keeps("router")) and not (shared_norm and keeps("qkv")):
+        linear_inputs += T * h * e
+
+    scores = 0.0
+    if impl == "eager":
+        # q, K and V expanded to every query head; softmax in fp32 (kept) and its 16-bit copy
+        attention = 3 * T * qd / t * e
+        scores = b * heads * s * s * (4 + (e if e == 2 else 0))
+        p_attn = _dropout(arch, "attention_dropout", "attn_pdrop")
+        if p_attn > 0:
+            scores += b * heads * s * s * (1 + e)
+    else:
+        attention = T * (qd + 2 * kvd) / t * e + T * qd / t * e + 4 * b * heads * s
+
+    k = arch.experts_per_token if arch.experts > 1 else 1
+    act = _ACT_SAVED[activation_fn(arch)]
+    if not keeps("mlp_out"):
+        act -= 1  # the down projection's input is not kept
+    mlp = act * T * k * f / t * e
+    if arch.experts > 1:
+        # gathered expert inputs, expert outputs before weighting, router logits (fp32)
+        mlp += 2 * T * k * h * e + T * arch.experts * 4 * 2
+
+    if spec.trains_adapters:
+        # each adapted linear keeps lora_A's output (r values per token) for lora_B's gradient
+        linear_inputs += sum(lin.count for lin in arch.linears if lin.name in targets) * T * spec.lora_r * e
+
+    p_resid = _dropout(arch, "resid_pdrop", "hidden_dropout", "dropout")
+    dropout = 2 * T * h * 1 if p_resid > 0 else 0.0
+
+    if spec.grad_ckpt == "selective":
+        # attention core recomputed: keep q, k, v; drop the s² terms, output and LSE
+        attention = T * (qd + 2 * kvd) / t * e if impl != "eager" else 3 * T * qd / t * e
+        scores = 0.0
+    return LayerActivations(norms, linear_inputs, attention, scores, mlp, dropout)
+
+
+def checkpoint_input_bytes(arch: ModelArch, spec: TrainSpec) -> float:
+    """What full recompute keeps per block: its input hidden states."""
+    e = 4 if spec.precision == "fp32" else 2
+    return spec.micro_batch * spec.seq_len * arch.hidden * e
+
+
+def edge_activations(arch: ModelArch, spec: TrainSpec, first: bool, last: bool) -> float:
+    """Embedding-side and head-side saved tensors outside the blocks (without logits)."""
+    e = 4 if spec.precision == "fp32" else 2
+    T = spec.micro_batch * spec.seq_len
+    out = 0.0
+    if first:
+        if arch.model_type == "bloom":  # word_embeddings_layernorm
+            out += norm_bytes(arch, T, e, spec.method == "full")
+        if _dropout(arch, "embd_pdrop", "embed_dropout") > 0:
+            out += T * arch.hidden
+    if last:
+        out += norm_bytes(arch, T, e, spec.method == "full")
+        if spec.method == "full":
+            out += T * arch.hidden * e  # lm_head input, kept for its weight gradient
+    return out
+
+
+def logits_bytes(arch: ModelArch, spec: TrainSpec) -> float:
+    """Peak of the LM head + cross-entropy: logits, their fp32 upcast and log-softmax, and the
+    gradients flowing back through them.
+
+    In transformers' ForCausalLMLoss the 16-bit logits are upcast to fp32 and log-softmax keeps
+    its fp32 output; in backward the log-softmax output, its incoming gradient and its outgoing
+    gradient (fp32 each) are alive together: 12 bytes per logit element, in 16-bit and fp32 alike.
+    The lm_head is not split by AutoTP, so tp does not divide it.
+    """
+    return 12.0 * spec.micro_batch * spec.seq_len * arch.vocab

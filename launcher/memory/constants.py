@@ -1,0 +1,58 @@
+"""Every constant the analytic memory model uses, in one place, each with where it comes from.
+
+Byte counts per element follow from the dtypes; the few empirical constants (allocator
+margin, CUDA context, host baseline) are marked EMPIRICAL and are what issue 8 calibrates.
+"""
+
+GIB = 1024**3
+
+# Bytes per element of the storage dtypes.
+BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+
+# bitsandbytes NF4 (QLoRA): 4 bits per weight + one 8-bit absmax per 64-weight block, and with
+# double quantisation one fp32 constant per 256 blocks (Dettmers et al. 2023, sec. 3):
+# 0.5 + 1/64 + 4/(64*256) bytes per weight.
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+# bitsandbytes LLM.int8: 1 byte per weight + one fp32 scale per output row (added per layer).
+INT8_BYTES_PER_PARAM = 1.0
+
+# Optimizer state bytes per trainable parameter (excluding fp32 master weights):
+#   AdamW: exp_avg + exp_avg_sq in fp32 (8) or in bf16 under bf16-pure (4).
+#   8-bit AdamW (bitsandbytes): two uint8 states + one fp32 absmax per 2048-block each.
+#   SGD with momentum: one buffer.
+#   Adafactor (HF defaults: no first moment, factored second moment) is computed per matrix
+#   as rows + cols fp32 values, see states.py.
+ADAMW_8BIT_BYTES = 2 + 2 * 4 / 2048
+
+# DeepSpeed ZeRO buffer sizes, in elements, as the emitter sets them ("auto" rule of the
+# HF integration: reduce bucket = h*h, stage-3 prefetch bucket = 0.9*h*h, persistence
+# threshold = 10*h). Stage 1/2 keep two reduce buckets (double buffering, contiguous grads).
+REDUCE_BUCKETS_STAGE12 = 2
+STAGE3_PREFETCH_FACTOR = 0.9
+STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
+# DeepSpeed's stage-3 optimizer converts 16-bit gradient partitions to fp32 one sub-group at a
+# time; the emitter sets sub_group_size to this many elements.
+STAGE3_SUB_GROUP_SIZE = 1_000_000_000
+
+# Host-side (CPU RAM) buffers of ZeRO-Infinity's NVMe swapper, per rank (aio defaults the
+# emitter writes: buffer_count x buffer_size elements).
+NVME_OPTIMIZER_BUFFERS = 4 * 100_000_000  # fp32 elements
+NVME_PARAM_BUFFERS = 5 * 100_000_000  # 16-bit elements
+
+# EMPIRICAL: the caching allocator reserves more than it hands out (block rounding,
+# fragmentation between differently sized activations). Reserved = allocated * (1 + this),
+# with at least ALLOCATOR_MARGIN_MIN_GIB. Typical training runs show 3-12 %.
+ALLOCATOR_MARGIN_FRACTION = 0.08
+ALLOCATOR_MARGIN_MIN_GIB = 0.25
+
+# EMPIRICAL: memory on the GPU that PyTorch's allocator does not see: the CUDA context and
+# kernels (lazy loading, CUDA 12), cuBLAS/cuDNN handles, and NCCL's communicator buffers when
+# there is more than one rank. Counts against the GPU, not in allocated/reserved.
+CUDA_CONTEXT_GIB = 0.6
+NCCL_BUFFERS_GIB = 0.5
+
+# EMPIRICAL: host RAM each rank uses besides tensors it holds (Python, torch, CUDA host
+# allocations, data loader, tokenizer).
+HOST_BASELINE_PER_RANK_GIB = 3.0
+# Checkpoint shards transformers loads at once when weights are loaded under zero.Init.
+HF_SHARD_BYTES = 5 * GIB

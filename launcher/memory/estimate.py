@@ -1,0 +1,205 @@
+"""One configuration in, a per-GPU memory breakdown out: the analytic model the planner searches.
+
+Peak per GPU is taken over the two moments of a training step that compete for it:
+  backward start: every saved activation and the logits/loss working set are alive, and only
+                  the gradient buffers that persist (ZeRO-2/3 partitions, accumulation) exist;
+  optimizer step: activations are gone, every gradient and the fp32 gradient copy exist.
+persistent states (weights, master weights, optimizer states, ZeRO buffers) are there at both.
+Under pipeline parallelism the first stage (most micro-batches in flight) and the last stage
+(LM head and logits) are both evaluated and the larger is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launcher.errors import InvalidSpecError
+from launcher.hardware import ClusterSpec
+from launcher.memory import activations as A
+from launcher.memory import constants as C
+from launcher.memory import states as S
+from launcher.models.arch import ModelArch
+from launcher.spec import TrainSpec
+
+# Order of the components in every table, chart and JSON object.
+COMPONENTS = (
+    "weights",
+    "gradients",
+    "master_weights",
+    "optimizer_states",
+    "activations",
+    "logits_loss",
+    "zero_buffers",
+    "allocator_margin",
+    "cuda_context_nccl",
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    components: dict[str, float]  # bytes per GPU at the peak moment
+    peak_allocated: float
+    peak_reserved: float
+    gpu_total: float  # reserved + memory outside PyTorch's allocator
+    gpu_memory: float
+    peak_phase: str
+    host_components: dict[str, float]  # bytes per node
+    host_per_node: float
+    nvme_per_node: float
+    params_total: int
+    params_trainable: float  # on the whole model (before sharding)
+    dp: int
+    gradients_full: float  # all gradient bytes on this GPU at the optimizer step
+    activations_per_layer: float
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return self.gpu_total <= self.gpu_memory
+
+    def to_dict(self, cluster: ClusterSpec | None = None) -> dict:
+        g = C.GIB
+        out = {
+            "per_gpu": {
+                "peak_allocated_gib": round(self.peak_allocated / g, 3),
+                "peak_reserved_gib": round(self.peak_reserved / g, 3),
+                "total_gib": round(self.gpu_total / g, 3),
+                "gpu_memory_gib": round(self.gpu_memory / g, 3),
+                "peak_phase": self.peak_phase,
+                "components": {k: round(v / g, 3) for k, v in self.components.items()},
+                "gradients_at_step_gib": round(self.gradients_full / g, 3),
+                "activations_per_layer_gib": round(self.activations_per_layer / g, 4),
+            },
+            "host_per_node_gib": round(self.host_per_node / g, 3),
+            "host_components_gib": {k: round(v / g, 3) for k, v in self.host_components.items()},
+            "nvme_gib": round(self.nvme_per_node / g, 3),
+            "fits": self.fits,
+            "params": {"total": self.params_total, "trainable": int(self.params_trainable)},
+            "dp": self.dp,
+            "notes": list(self.notes),
+        }
+        if cluster is not None:
+            out["host_fits"] = self.host_per_node <= cluster.node.cpu_memory_gib * g
+            out["nvme_fits"] = self.nvme_per_node <= cluster.node.nvme_gib * g
+        return out
+
+
+def check_parallelism(arch: ModelArch, spec: TrainSpec, world: int) -> int:
+    """Validate TP/PP against the model and the cluster; return the data-parallel degree."""
+    tp, pp = spec.tp, spec.pp
+    if arch.heads % tp or arch.kv_heads % tp:
+        ok = [d for d in range(1, arch.kv_heads + 1) if arch.heads % d == 0 and arch.kv_heads % d == 0]
+        raise InvalidSpecError(
+            f"--tp {tp} does not divide {arch.name}'s {arch.heads} attention heads / "
+            f"{arch.kv_heads} KV heads; use --tp {' or '.join(map(str, ok[-4:]))}"
+        )
+    S.layers_per_stage(arch.layers, pp)
+    if world % (tp * pp):
+        raise InvalidSpecError(
+            f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {world} GPUs; "
+            "pick degrees whose product divides the GPU count"
+        )
+    return world // (tp * pp)
+
+
+def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
+    p = S.stage_params(arch, spec, layers, first, last)
+    st = S.model_states(spec, p, dp)
+    zbuf = S.zero_buffers(spec, arch, p)
+    per_layer = A.layer_activations(arch, spec, targets)
+    if spec.grad_ckpt == "full":
+        acts = layers * A.checkpoint_input_bytes(arch, spec) * inflight + per_layer.total
+    else:
+        acts = layers * per_layer.total * inflight
+    acts += A.edge_activations(arch, spec, first, last) * (inflight if first else 1)
+    logits = A.logits_bytes(arch, spec) if last else 0.0
+
+    persistent_grads = st.grads if st.grads_persistent else 0.0
+    persistent_fp32 = st.fp32_grads if st.fp32_grads_persistent else 0.0
+    base = st.weights + st.master + st.optimizer + zbuf + persistent_grads + persistent_fp32
+    act_phase = acts + logits
+    grad_phase = (st.grads - persistent_grads) + (st.fp32_grads - persistent_fp32)
+    if act_phase >= grad_phase:
+        phase, grads_now, acts_now, logits_now = "backward start", persistent_grads + persistent_fp32, acts, logits
+    else:
+        phase, grads_now, acts_now, logits_now = "optimizer step", st.grads + st.fp32_grads, 0.0, 0.0
+    comps = {
+        "weights": st.weights,
+        "gradients": grads_now,
+        "master_weights": st.master,
+        "optimizer_states": st.optimizer,
+        "activations": acts_now,
+        "logits_loss": logits_now,
+        "zero_buffers": zbuf,
+    }
+    allocated = base + max(act_phase, grad_phase)
+    return allocated, comps, phase, st, p, per_layer.total, st.grads + st.fp32_grads
+
+
+def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate:
+    """The analytic per-GPU, per-node and NVMe memory of one configuration."""
+    dp = check_parallelism(arch, spec, cluster.world_size)
+    targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
+    notes: list[str] = []
+    if A.attention_impl(arch, spec) != spec.attention:
+        notes.append(f"{arch.model_type} supports only eager attention in transformers; counted as eager")
+    pp = spec.pp
+    per_stage = S.layers_per_stage(arch.layers, pp)
+    if pp == 1:
+        stages = [(arch.layers, True, True, 1)]
+    else:
+        inflight = min(pp, spec.grad_accum)
+        last_layers = max(1, arch.layers - per_stage * (pp - 1))
+        stages = [(per_stage, True, False, inflight), (last_layers, False, True, 1)]
+    best = None
+    for layers, first, last, inflight in stages:
+        r = _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets)
+        if best is None or r[0] > best[0]:
+            best = r
+    allocated, comps, phase, st, p, per_layer, grads_full = best
+
+    margin = max(allocated * C.ALLOCATOR_MARGIN_FRACTION, C.ALLOCATOR_MARGIN_MIN_GIB * C.GIB)
+    reserved = allocated + margin
+    outside = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if cluster.world_size > 1 else 0)) * C.GIB
+    comps["allocator_margin"] = margin
+    comps["cuda_context_nccl"] = outside
+
+    ranks = min(cluster.world_size, cluster.gpus_per_node)
+    host, nvme = _host_and_nvme(arch, spec, st, ranks)
+    trainable_total = S.stage_params(arch, spec.with_(tp=1), arch.layers, True, True).trainable
+    return Estimate(
+        components={k: comps[k] for k in COMPONENTS},
+        peak_allocated=allocated,
+        peak_reserved=reserved,
+        gpu_total=reserved + outside,
+        gpu_memory=cluster.gpu_memory_gib * C.GIB,
+        peak_phase=phase,
+        host_components=host,
+        host_per_node=sum(host.values()),
+        nvme_per_node=nvme,
+        params_total=arch.total_params,
+        params_trainable=trainable_total,
+        dp=dp,
+        gradients_full=grads_full,
+        activations_per_layer=per_layer,
+        notes=tuple(notes),
+    )
+
+
+def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, ranks: int) -> tuple[dict, float]:
+    """Host RAM per node: baseline per rank, offloaded states, or model loading, whichever is
+    larger (loading is over before the optimizer's offloaded states are created)."""
+    e = 4 if spec.precision == "fp32" else 2
+    if spec.zero_stage == 3 or spec.method == "qlora":
+        # zero.Init / quantised loading: one checkpoint shard per rank at a time
+        loading = min(C.HF_SHARD_BYTES, arch.total_params * e)
+    else:
+        loading = arch.total_params * e  # every rank materialises the whole model on the CPU
+    offloaded = st.host
+    host = {
+        "baseline": C.HOST_BASELINE_PER_RANK_GIB * C.GIB * ranks,
+        "offloaded_states": offloaded * ranks,
+        "model_loading": max(0.0, loading - offloaded) * ranks,
+    }
+    return host, st.nvme * ranks
+

@@ -1,0 +1,197 @@
+"""Model states: weights, gradients, fp32 master weights and optimizer states, where they live.
+
+Semantics are DeepSpeed's mixed precision (fp16/bf16): 16-bit weights and gradients on the GPU,
+fp32 master weights, fp32 optimizer states and an fp32 copy of the gradient partition for the
+optimizer step. `bf16-pure` keeps everything in bf16 (no master copy, torchtune/FSDP style),
+`fp32` everything in fp32.
+
+Differences from DeepSpeed's own estimate_zero2/3_model_states_mem_needs (checked in
+tests/test_memory_states.py):
+  * DeepSpeed counts every parameter as trainable; we count gradients, master weights and
+    optimizer states for trainable parameters only (LoRA adapters), and weights by their
+    storage dtype (NF4 / int8 base weights under QLoRA).
+  * DeepSpeed multiplies CPU memory by a blanket 1.5 "additional_buffer_factor"; we count the
+    offloaded states plus the pinned swap buffers DeepSpeed actually allocates.
+  * ZeRO-3: DeepSpeed's 18 bytes/param omit the 16-bit gradient partition
+    (grad_partitions_flat_buffer in stage3.py, 2 bytes/param/dp); we count it, and we count the
+    fp32 gradient copy one optimizer sub-group at a time. Its 4 x largest-layer term is our
+    gathered-parameter buffers (see `zero_buffers`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from launcher.errors import InvalidSpecError
+from launcher.memory import constants as C
+from launcher.models.arch import Linear, ModelArch
+from launcher.spec import TrainSpec
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters one GPU holds for its pipeline stage, after tensor parallelism (before ZeRO)."""
+
+    quantizable: float  # weights of the block linears (what QLoRA quantises)
+    other: float  # biases, norms, embeddings, LM head
+    trainable: float  # parameters that get gradients and optimizer states
+    adafactor_elems: float  # Adafactor's factored second-moment elements for the trainable ones
+    largest_module: float  # largest single module ZeRO-3 gathers at once
+
+    @property
+    def total(self) -> float:
+        return self.quantizable + self.other
+
+
+def _shard(lin: Linear, tp: int) -> tuple[float, float, float]:
+    """(fan_in, fan_out, bias) of one linear on one TP rank."""
+    if lin.parallel == "column":
+        return lin.fan_in, lin.fan_out / tp, (lin.fan_out / tp if lin.bias else 0)
+    if lin.parallel == "row":
+        return lin.fan_in / tp, lin.fan_out, (lin.fan_out if lin.bias else 0)
+    return lin.fan_in, lin.fan_out, (lin.fan_out if lin.bias else 0)
+
+
+def lora_targets(arch: ModelArch, spec: TrainSpec) -> set[str]:
+    """Leaf names of the block linears LoRA adapts; `all-linear` is every block linear (PEFT)."""
+    names = set(arch.linear_names())
+    wanted = spec.lora_target_list()
+    if "all-linear" in wanted:
+        return names
+    unknown = [t for t in wanted if t not in names]
+    if unknown:
+        raise InvalidSpecError(
+            f"--lora-targets {','.join(unknown)} matches no linear layer of {arch.name}; "
+            f"its linears are {','.join(sorted(names))} (or use all-linear)"
+        )
+    return set(wanted)
+
+
+def stage_params(arch: ModelArch, spec: TrainSpec, layers: int, first: bool, last: bool) -> StageParams:
+    tp = spec.tp
+    targets = lora_targets(arch, spec) if spec.trains_adapters else set()
+    quantizable = other = trainable = ada = 0.0
+    largest = 0.0
+    for lin in arch.linears:
+        fin, fout, bias = _shard(lin, tp)
+        quantizable += layers * lin.count * fin * fout
+        other += layers * lin.count * bias
+        largest = max(largest, lin.count * fin * fout)
+        if spec.method == "full":
+            trainable += layers * lin.count * (fin * fout + bias)
+            ada += layers * lin.count * (fin + fout + bias)
+        elif lin.name in targets:
+            r = spec.lora_r
+            trainable += layers * lin.count * r * (fin + fout)
+            ada += layers * lin.count * 2 * (r + (fin + fout) / 2)
+    norms = layers * arch.layer_norm_params
+    edge = 0.0
+    if first:
+        edge += arch.embedding_params
+        largest = max(largest, arch.vocab * arch.hidden)
+    if last:
+        edge += arch.final_norm_params + arch.lm_head_params
+        if arch.lm_head_params == 0 and not first:
+            edge += arch.vocab * arch.hidden  # tied head held again by the last pipeline stage
+    other += norms + edge
+    if spec.method == "full":
+        trainable += norms + edge
+        ada += norms + edge  # 1-D and embedding matrices: counted unfactored (upper bound)
+    return StageParams(quantizable, other, trainable, ada, largest)
+
+
+def weight_bytes(spec: TrainSpec, p: StageParams) -> float:
+    e = 4 if spec.precision == "fp32" else 2
+    if spec.method != "qlora":
+        return p.total * e + (p.trainable * e if spec.trains_adapters else 0)
+    per = C.NF4_BYTES_PER_PARAM if spec.quant == "nf4" else C.INT8_BYTES_PER_PARAM
+    return p.quantizable * per + p.other * e + p.trainable * e
+
+
+def mixed(spec: TrainSpec) -> bool:
+    return spec.precision in ("fp16", "bf16")
+
+
+def optimizer_bytes(spec: TrainSpec, p: StageParams) -> float:
+    if spec.optimizer == "adamw":
+        return p.trainable * (4 if spec.precision == "bf16-pure" else 8)
+    if spec.optimizer == "adamw-8bit":
+        return p.trainable * C.ADAMW_8BIT_BYTES
+    if spec.optimizer == "sgd":
+        return p.trainable * (2 if spec.precision == "bf16-pure" else 4)
+    return p.adafactor_elems * 4  # adafactor
+
+
+@dataclass(frozen=True)
+class States:
+    """Bytes per GPU (and what moved to host RAM / NVMe) for the model states of one stage."""
+
+    weights: float
+    grads: float  # 16-bit (or fp32) gradients of trainable params, after ZeRO-2/3 partitioning
+    grads_persistent: bool  # a DeepSpeed buffer that exists for the whole step
+    master: float
+    optimizer: float
+    fp32_grads: float  # fp32 gradient copy the optimizer steps on (mixed precision)
+    fp32_grads_persistent: bool
+    host: float  # offloaded states on host RAM (per rank)
+    nvme: float  # offloaded states on NVMe (per rank)
+
+
+def model_states(spec: TrainSpec, p: StageParams, dp: int) -> States:
+    stage = spec.zero_stage
+    gbytes = 4 if spec.precision == "fp32" else 2
+    weights = weight_bytes(spec, p)
+    grads = p.trainable * gbytes
+    master = p.trainable * 4 if mixed(spec) else 0.0
+    opt = optimizer_bytes(spec, p)
+    fp32g = p.trainable * 4 if mixed(spec) else 0.0
+    if stage >= 1:
+        master, opt, fp32g = master / dp, opt / dp, fp32g / dp
+    if stage >= 2:
+        grads /= dp
+    if stage == 3:
+        weights /= dp
+        fp32g = min(fp32g, 4 * C.STAGE3_SUB_GROUP_SIZE) if mixed(spec) else fp32g
+    host = nvme = 0.0
+    if spec.offload_optimizer == "cpu":
+        host += master + opt + (p.trainable * 4 / dp if mixed(spec) else 0)
+        master = opt = fp32g = 0.0
+    elif spec.offload_optimizer == "nvme":
+        nvme += master + opt
+        host += (p.trainable * 4 / dp if mixed(spec) else 0) + C.NVME_OPTIMIZER_BUFFERS * 4
+        master = opt = fp32g = 0.0
+    if spec.offload_params == "cpu":
+        host += weights
+        weights = 0.0
+    elif spec.offload_params == "nvme":
+        nvme += weights
+        host += C.NVME_PARAM_BUFFERS * 2
+        weights = 0.0
+    # Which gradient buffers exist during the forward/backward (not only at the step):
+    #   ZeRO-2/3 keep a contiguous partition buffer; stage 0 under bf16 keeps DeepSpeed's fp32
+    #   accumulation buffer; with accumulation > 1 every gradient survives between micro-batches.
+    grads_persistent = stage >= 2 or spec.grad_accum > 1
+    fp32_persistent = stage == 0 and spec.precision == "bf16"
+    return States(weights, grads, grads_persistent, master, opt, fp32g, fp32_persistent, host, nvme)
+
+
+def zero_buffers(spec: TrainSpec, arch: ModelArch, p: StageParams) -> float:
+    """Communication buckets and, under ZeRO-3, the gathered (live) parameters and their grads."""
+    h2 = arch.hidden * arch.hidden
+    e = 4 if spec.precision == "fp32" else 2
+    if spec.zero_stage in (1, 2):
+        return C.REDUCE_BUCKETS_STAGE12 * h2 * e
+    if spec.zero_stage == 3:
+        live = min(p.largest_module + C.STAGE3_PREFETCH_FACTOR * h2, C.STAGE3_MAX_LIVE_PARAMETERS)
+        # gathered 16-bit params + the largest module's full gradient before reduce-scatter
+        # + one reduce bucket
+        grad_live = p.largest_module if p.trainable else 0.0
+        return (live + grad_live + h2) * e
+    return 0.0
+
+
+def layers_per_stage(layers: int, pp: int) -> int:
+    if pp > layers:
+        raise InvalidSpecError(f"--pp {pp} is larger than the model's {layers} layers; use --pp {layers} or fewer")
+    return math.ceil(layers / pp)

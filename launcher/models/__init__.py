@@ -1,0 +1,1 @@
+"""Model architectures: the catalog, Hugging Face config reading, exact parameter counts."""

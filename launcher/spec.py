@@ -1,0 +1,133 @@
+"""The training options shared by `estimate`, `plan` and `launch`, validated once.
+
+`TrainSpec` says HOW one configuration trains (method, precision, optimizer, batch, sharding);
+what the model is lives in `models`, what the hardware is in `hardware`. Every check here is an
+error a user can cause, so each raises `InvalidSpecError` with one line that says what to do.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+
+from launcher.errors import InvalidSpecError
+
+METHODS = ("full", "lora", "qlora")
+PRECISIONS = ("fp32", "fp16", "bf16", "bf16-pure")
+OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "sgd")
+GRAD_CKPT = ("none", "selective", "full")
+ATTENTION = ("eager", "sdpa", "flash")
+OFFLOAD = ("none", "cpu", "nvme")
+QUANT = ("nf4", "int8")
+
+DEFAULT_LORA_TARGETS = "all-linear"
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """One training configuration. Defaults are what a careful user would pick on modern GPUs."""
+
+    method: str = "full"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_targets: str = DEFAULT_LORA_TARGETS
+    quant: str = "nf4"  # only used by qlora
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    micro_batch: int = 1
+    seq_len: int = 2048
+    grad_accum: int = 1
+    grad_ckpt: str = "none"
+    attention: str = "sdpa"
+    zero_stage: int = 0
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        _choice("--method", self.method, METHODS)
+        _choice("--precision", self.precision, PRECISIONS)
+        _choice("--optimizer", self.optimizer, OPTIMIZERS)
+        _choice("--grad-ckpt", self.grad_ckpt, GRAD_CKPT)
+        _choice("--attention", self.attention, ATTENTION)
+        _choice("--offload-optimizer", self.offload_optimizer, OFFLOAD)
+        _choice("--offload-params", self.offload_params, OFFLOAD)
+        _choice("--quant", self.quant, QUANT)
+        for flag, value, hi in (
+            ("--lora-r", self.lora_r, 65536),
+            ("--lora-alpha", self.lora_alpha, 1 << 20),
+            ("--micro-batch", self.micro_batch, 1 << 16),
+            ("--seq-len", self.seq_len, 1 << 24),
+            ("--grad-accum", self.grad_accum, 1 << 20),
+            ("--tp", self.tp, 1024),
+            ("--pp", self.pp, 4096),
+        ):
+            _positive_int(flag, value, hi)
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise InvalidSpecError(f"--zero-stage must be 0, 1, 2 or 3, not {self.zero_stage!r}")
+        if self.offload_params != "none" and self.zero_stage != 3:
+            raise InvalidSpecError(
+                f"--offload-params {self.offload_params} needs --zero-stage 3 "
+                "(DeepSpeed offloads parameters only under ZeRO-3)"
+            )
+        if self.offload_optimizer != "none" and self.zero_stage == 0:
+            raise InvalidSpecError(
+                f"--offload-optimizer {self.offload_optimizer} needs --zero-stage 1, 2 or 3 (ZeRO-Offload)"
+            )
+        if self.offload_optimizer == "nvme" and self.zero_stage != 3:
+            raise InvalidSpecError("--offload-optimizer nvme needs --zero-stage 3 (ZeRO-Infinity)")
+        if self.offload_optimizer != "none" and self.optimizer not in ("adamw", "adafactor", "sgd"):
+            raise InvalidSpecError(
+                f"--optimizer {self.optimizer} cannot run offloaded (DeepSpeed's CPU optimizers are "
+                "Adam, Adagrad, Lion); use --optimizer adamw with offload"
+            )
+        if self.method == "full" and self.lora_targets != DEFAULT_LORA_TARGETS:
+            raise InvalidSpecError("--lora-targets only applies to --method lora or qlora; drop it or pick a method")
+        if self.precision == "fp16" and self.method == "qlora":
+            pass  # bnb computes in fp16 fine; kept for old GPUs (T4, V100)
+        if self.pp > 1 and self.zero_stage >= 2:
+            raise InvalidSpecError(
+                f"--pp {self.pp} with --zero-stage {self.zero_stage}: DeepSpeed pipeline parallelism "
+                "works with ZeRO-0/1 only; use --zero-stage 1 or --pp 1"
+            )
+        targets = [t for t in self.lora_targets.split(",") if t.strip()]
+        if not targets:
+            raise InvalidSpecError("--lora-targets is empty; pass module names like q_proj,v_proj or all-linear")
+
+    @property
+    def trains_adapters(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    @property
+    def tokens_per_micro_batch(self) -> int:
+        return self.micro_batch * self.seq_len
+
+    def lora_target_list(self) -> list[str]:
+        return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
+
+    def with_(self, **changes) -> TrainSpec:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+def _choice(flag: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise InvalidSpecError(f"{flag} must be one of {', '.join(allowed)}, not {value!r}")
+
+
+def _positive_int(flag: str, value: object, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            raise InvalidSpecError(f"{flag} must be a whole number, not {value!r}")
+        raise InvalidSpecError(f"{flag} must be a positive whole number, not {value!r}")
+    if value < 1:
+        raise InvalidSpecError(f"{flag} must be at least 1, not {value}")
+    if value > hi:
+        raise InvalidSpecError(f"{flag} {value} is implausibly large (at most {hi})")

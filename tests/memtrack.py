@@ -1,0 +1,76 @@
+"""Measure memory of real torch work on the CPU: saved-for-backward tensors and live-storage peak.
+
+Used by tests to check the analytic memory model against what torch really keeps. No GPU:
+the tracker watches every tensor storage an op creates (TorchDispatchMode) and releases it
+when the storage is freed (weakref finalizer), giving the peak of bytes alive at once.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of storages created inside the `with` block and alive at the same time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def _track(self, t: torch.Tensor) -> None:
+        st = t.untyped_storage()
+        key = id(st)
+        if key in self._seen or st.nbytes() == 0:
+            return
+        self._seen.add(key)
+        n = st.nbytes()
+        self.live += n
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(st, self._release, key, n)
+
+    def _release(self, key: int, n: int) -> None:
+        self._seen.discard(key)
+        self.live -= n
+
+    def reset_peak(self) -> None:
+        self.peak = self.live
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                self._track(t)
+        return out
+
+
+class SavedBytes:
+    """Bytes of distinct storages autograd saves for backward inside the block, parameters excluded."""
+
+    def __init__(self, model: torch.nn.Module | None = None) -> None:
+        self._params = {p.untyped_storage().data_ptr() for p in (model.parameters() if model else [])}
+        self._storages: dict[int, int] = {}
+
+    def _pack(self, t: torch.Tensor):
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        if ptr not in self._params and st.nbytes() > 0:
+            self._storages[ptr] = st.nbytes()
+        return t
+
+    @property
+    def total(self) -> int:
+        return sum(self._storages.values())
+
+    def __enter__(self):
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)

@@ -1,0 +1,116 @@
+"""The activation and logits terms against what torch really keeps, on the CPU, for a tiny Llama.
+
+Two measurements (tests/memtrack.py): the bytes autograd saves for backward in the forward
+(saved_tensors_hooks, distinct storages, parameters excluded) against the analytic activations;
+and the peak of live bytes over forward + backward of the loss against activations + logits
+(the term that includes the fp32 cross-entropy working set and full-recompute's working layer).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from launcher.memory import activations as A  # noqa: E402
+from launcher.memory import states as S  # noqa: E402
+from launcher.models.hf_config import arch_from_hf_config  # noqa: E402
+from launcher.spec import TrainSpec  # noqa: E402
+from tests.memtrack import LiveBytes, SavedBytes  # noqa: E402
+
+CFG = dict(
+    model_type="llama",
+    hidden_size=128,
+    intermediate_size=352,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=8192,
+    tie_word_embeddings=False,
+    max_position_embeddings=1024,
+)
+BATCH, SEQ = 4, 256
+TOL = 0.10
+
+
+def build(precision: str, attention: str, method: str, ckpt: str):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    cfg = transformers.LlamaConfig(**{k: v for k, v in CFG.items() if k != "model_type"})
+    cfg._attn_implementation = attention
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    model.train()
+    if ckpt == "full":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if method == "lora":
+        lora = peft.LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+        # DeepSpeed casts the whole module (adapters included) to the compute dtype; do the same
+        model = peft.get_peft_model(model, lora).to(dtype)
+    spec = TrainSpec(
+        method=method,
+        precision=precision,
+        micro_batch=BATCH,
+        seq_len=SEQ,
+        attention=attention,
+        grad_ckpt=ckpt,
+        lora_r=8,
+        lora_targets="q_proj,v_proj" if method == "lora" else "all-linear",
+    )
+    return model, spec
+
+
+def analytic_activations(spec: TrainSpec) -> float:
+    arch = arch_from_hf_config(CFG, "tiny-test")
+    targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
+    layer = A.layer_activations(arch, spec, targets)
+    if spec.grad_ckpt == "full":
+        acts = arch.layers * A.checkpoint_input_bytes(arch, spec) + layer.total
+    else:
+        acts = arch.layers * layer.total
+    return acts + A.edge_activations(arch, spec, True, True)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_saved_activations_match(precision, attention, method):
+    model, spec = build(precision, attention, method, "none")
+    ids = torch.randint(0, CFG["vocab_size"], (BATCH, SEQ))
+    with SavedBytes(model) as saved:
+        model(input_ids=ids)
+    predicted = analytic_activations(spec)
+    assert abs(predicted / saved.total - 1) < TOL, (predicted, saved.total)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("ckpt", ["none", "full"])
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_peak_activations_and_logits_match(precision, ckpt, method):
+    model, spec = build(precision, "sdpa", method, ckpt)
+    ids = torch.randint(0, CFG["vocab_size"], (BATCH, SEQ))
+    with LiveBytes() as live:
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+    arch = arch_from_hf_config(CFG, "tiny-test")
+    predicted = analytic_activations(spec) + A.logits_bytes(arch, spec)
+    assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)
+
+
+def test_full_recompute_saves_far_less_than_none():
+    _, none = build("bf16", "sdpa", "full", "none")
+    _, full = build("bf16", "sdpa", "full", "full")
+    assert analytic_activations(full) < 0.5 * analytic_activations(none)
+
+
+def test_longer_sequence_never_lowers_activations():
+    arch = arch_from_hf_config(CFG, "tiny-test")
+    for attention in ("sdpa", "eager"):
+        for ckpt in ("none", "selective", "full"):
+            prev = 0.0
+            for seq in (128, 256, 512, 1024, 4096):
+                spec = TrainSpec(seq_len=seq, attention=attention, grad_ckpt=ckpt)
+                total = A.layer_activations(arch, spec, set()).total + A.logits_bytes(arch, spec)
+                assert total >= prev
+                prev = total
