@@ -83,7 +83,9 @@ class TrainSpec:
                 "Adam, Adagrad, Lion); use --optimizer adamw with offload"
             )
         if self.method == "full" and self.lora_targets != DEFAULT_LORA_TARGETS:
-            raise InvalidSpecError("--lora-targets only applies to --method lora or qlora; drop it or pick a method")
+            raise InvalidSpecError(
+                "--lora-targets only applies to --method lora or qlora; drop it or pick a method"
+            )
         if self.precision == "fp16" and self.method == "qlora":
             pass  # bnb computes in fp16 fine; kept for old GPUs (T4, V100)
         if self.pp > 1 and self.zero_stage >= 2:
@@ -93,7 +95,9 @@ class TrainSpec:
             )
         targets = [t for t in self.lora_targets.split(",") if t.strip()]
         if not targets:
-            raise InvalidSpecError("--lora-targets is empty; pass module names like q_proj,v_proj or all-linear")
+            raise InvalidSpecError(
+                "--lora-targets is empty; pass module names like q_proj,v_proj or all-linear"
+            )
 
     @property
     def trains_adapters(self) -> bool:

@@ -65,10 +65,7 @@ def analytic_activations(spec: TrainSpec) -> float:
     arch = arch_from_hf_config(CFG, "tiny-test")
     targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
     layer = A.layer_activations(arch, spec, targets)
-    if spec.grad_ckpt == "full":
-        acts = arch.layers * A.checkpoint_input_bytes(arch, spec) + layer.total
-    else:
-        acts = arch.layers * layer.total
+    acts = arch.layers * A.stored_per_layer(arch, spec, layer) + A.recompute_working_set(spec, layer)
     return acts + A.edge_activations(arch, spec, True, True)
 
 
@@ -111,6 +108,7 @@ def test_longer_sequence_never_lowers_activations():
             prev = 0.0
             for seq in (128, 256, 512, 1024, 4096):
                 spec = TrainSpec(seq_len=seq, attention=attention, grad_ckpt=ckpt)
-                total = A.layer_activations(arch, spec, set()).total + A.logits_bytes(arch, spec)
+                layer = A.layer_activations(arch, spec, set())
+                total = A.stored_per_layer(arch, spec, layer) + A.logits_bytes(arch, spec)
                 assert total >= prev
                 prev = total

@@ -19,8 +19,11 @@ every tensor autograd keeps is counted from the architecture as transformers imp
 
 Tensor parallelism (DeepSpeed AutoTP): norms and the inputs of column-parallel linears stay
 whole, everything between a column- and a row-parallel linear is split by tp.
-Recompute: `selective` recomputes the attention core (no s² terms, no saved output/LSE);
-`full` keeps each block's input plus one block's working set while it is recomputed.
+Recompute (`stored_per_layer`): `full` keeps each block's input; `selective` is per-op selective
+checkpointing (PyTorch's SAC policy as torchtitan uses it): the block input, the outputs of every
+other linear (matmul) and the attention output + LSE are kept, element-wise ops (norms,
+activation functions, RoPE) are recomputed. Both add ONE block's full working set while that
+block is recomputed in backward.
 """
 
 from __future__ import annotations
@@ -79,7 +82,9 @@ class LayerActivations:
 
     @property
     def total(self) -> float:
-        return self.norms + self.linear_inputs + self.attention + self.attention_scores + self.mlp + self.dropout
+        return (
+            self.norms + self.linear_inputs + self.attention + self.attention_scores + self.mlp + self.dropout
+        )
 
 
 def _n_norms(arch: ModelArch) -> int:
@@ -155,10 +160,6 @@ def layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> La
     p_resid = _dropout(arch, "resid_pdrop", "hidden_dropout", "dropout")
     dropout = 2 * T * h * 1 if p_resid > 0 else 0.0
 
-    if spec.grad_ckpt == "selective":
-        # attention core recomputed: keep q, k, v; drop the s² terms, output and LSE
-        attention = T * (qd + 2 * kvd) / t * e if impl != "eager" else 3 * T * qd / t * e
-        scores = 0.0
     return LayerActivations(norms, linear_inputs, attention, scores, mlp, dropout)
 
 
@@ -166,6 +167,34 @@ def checkpoint_input_bytes(arch: ModelArch, spec: TrainSpec) -> float:
     """What full recompute keeps per block: its input hidden states."""
     e = 4 if spec.precision == "fp32" else 2
     return spec.micro_batch * spec.seq_len * arch.hidden * e
+
+
+def stored_per_layer(arch: ModelArch, spec: TrainSpec, layer: LayerActivations) -> float:
+    """Bytes each block keeps between its forward and its backward under the recompute mode."""
+    if spec.grad_ckpt == "none":
+        return layer.total
+    kept = checkpoint_input_bytes(arch, spec)
+    if spec.grad_ckpt == "selective":
+        e = 4 if spec.precision == "fp32" else 2
+        T = spec.micro_batch * spec.seq_len
+        k = arch.experts_per_token if arch.experts > 1 else 1
+        outs = sum(
+            lin.fan_out * (k if lin.count > 1 else 1) / spec.tp
+            for lin in arch.linears
+            if lin.role != "router"
+        )
+        heads = arch.heads / spec.tp
+        kept += (
+            T * e * outs / 2
+            + T * arch.heads * arch.head_dim / spec.tp * e
+            + 4 * spec.micro_batch * heads * spec.seq_len
+        )
+    return kept
+
+
+def recompute_working_set(spec: TrainSpec, layer: LayerActivations) -> float:
+    """One block's full activations, alive while that block is recomputed in backward."""
+    return 0.0 if spec.grad_ckpt == "none" else layer.total
 
 
 def edge_activations(arch: ModelArch, spec: TrainSpec, first: bool, last: bool) -> float:

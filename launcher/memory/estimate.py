@@ -107,10 +107,8 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     st = S.model_states(spec, p, dp)
     zbuf = S.zero_buffers(spec, arch, p)
     per_layer = A.layer_activations(arch, spec, targets)
-    if spec.grad_ckpt == "full":
-        acts = layers * A.checkpoint_input_bytes(arch, spec) * inflight + per_layer.total
-    else:
-        acts = layers * per_layer.total * inflight
+    acts = layers * A.stored_per_layer(arch, spec, per_layer) * inflight
+    acts += A.recompute_working_set(spec, per_layer)
     acts += A.edge_activations(arch, spec, first, last) * (inflight if first else 1)
     logits = A.logits_bytes(arch, spec) if last else 0.0
 
@@ -120,7 +118,12 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     act_phase = acts + logits
     grad_phase = (st.grads - persistent_grads) + (st.fp32_grads - persistent_fp32)
     if act_phase >= grad_phase:
-        phase, grads_now, acts_now, logits_now = "backward start", persistent_grads + persistent_fp32, acts, logits
+        phase, grads_now, acts_now, logits_now = (
+            "backward start",
+            persistent_grads + persistent_fp32,
+            acts,
+            logits,
+        )
     else:
         phase, grads_now, acts_now, logits_now = "optimizer step", st.grads + st.fp32_grads, 0.0, 0.0
     comps = {
@@ -202,4 +205,3 @@ def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, ranks: int) -
         "model_loading": max(0.0, loading - offloaded) * ranks,
     }
     return host, st.nvme * ranks
-

@@ -97,7 +97,12 @@ def stage_params(arch: ModelArch, spec: TrainSpec, layers: int, first: bool, las
     other += norms + edge
     if spec.method == "full":
         trainable += norms + edge
-        ada += norms + edge  # 1-D and embedding matrices: counted unfactored (upper bound)
+        # Adafactor factors every matrix (rows + cols values) and keeps 1-D params whole
+        # (embedding and LM head: V + h each); positions, norms and biases are kept whole
+        n_mats = int(first) + int(last and (arch.lm_head_params > 0 or not first))
+        ada += (
+            norms + n_mats * (arch.vocab + arch.hidden) + max(0.0, edge - n_mats * arch.vocab * arch.hidden)
+        )
     return StageParams(quantizable, other, trainable, ada, largest)
 
 
@@ -154,6 +159,13 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int) -> States:
         weights /= dp
         fp32g = min(fp32g, 4 * C.STAGE3_SUB_GROUP_SIZE) if mixed(spec) else fp32g
     host = nvme = 0.0
+    if spec.offload_optimizer != "none" and stage >= 2:
+        # Reduced gradients go where the optimizer runs: stage 2 copies them straight into the
+        # fp32 gradient buffer on the CPU (counted below); stage 3 keeps its 16-bit gradient
+        # partition buffer in pinned host memory.
+        if stage == 3:
+            host += grads
+        grads = 0.0
     if spec.offload_optimizer == "cpu":
         host += master + opt + (p.trainable * 4 / dp if mixed(spec) else 0)
         master = opt = fp32g = 0.0
@@ -183,7 +195,9 @@ def zero_buffers(spec: TrainSpec, arch: ModelArch, p: StageParams) -> float:
     if spec.zero_stage in (1, 2):
         return C.REDUCE_BUCKETS_STAGE12 * h2 * e
     if spec.zero_stage == 3:
-        live = min(p.largest_module + C.STAGE3_PREFETCH_FACTOR * h2, C.STAGE3_MAX_LIVE_PARAMETERS)
+        # prefetching stops at max_live_parameters, but a module is always gathered whole
+        prefetched = min(p.largest_module + C.STAGE3_PREFETCH_FACTOR * h2, C.STAGE3_MAX_LIVE_PARAMETERS)
+        live = max(p.largest_module, prefetched)
         # gathered 16-bit params + the largest module's full gradient before reduce-scatter
         # + one reduce bucket
         grad_live = p.largest_module if p.trainable else 0.0
@@ -193,5 +207,7 @@ def zero_buffers(spec: TrainSpec, arch: ModelArch, p: StageParams) -> float:
 
 def layers_per_stage(layers: int, pp: int) -> int:
     if pp > layers:
-        raise InvalidSpecError(f"--pp {pp} is larger than the model's {layers} layers; use --pp {layers} or fewer")
+        raise InvalidSpecError(
+            f"--pp {pp} is larger than the model's {layers} layers; use --pp {layers} or fewer"
+        )
     return math.ceil(layers / pp)

@@ -99,7 +99,9 @@ class ModelArch:
         per_layer = self.layer_norm_params
         for lin in self.linears:
             n = lin.params // lin.count
-            per_layer += n * (self.experts_per_token if lin.count == self.experts and self.experts > 1 else lin.count)
+            per_layer += n * (
+                self.experts_per_token if lin.count == self.experts and self.experts > 1 else lin.count
+            )
         return self.embedding_params + self.layers * per_layer + self.final_norm_params + self.lm_head_params
 
     @property

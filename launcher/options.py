@@ -1,0 +1,198 @@
+"""Command-line options shared by `estimate`, `plan` and launching, and their conversion into
+the typed inputs (ModelArch, ClusterSpec, TrainSpec). Argument parsing only: no planning here."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from launcher import spec as S
+from launcher.errors import InvalidSpecError
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def add_model_and_cluster(p: argparse.ArgumentParser, gpus_required: bool = True) -> None:
+    g = p.add_argument_group("model and hardware")
+    g.add_argument(
+        "--model",
+        required=True,
+        metavar="M",
+        help="catalog name (`ftlaunch models`), a Hugging Face hub id in the local cache, "
+        "or a path to a config.json / model directory",
+    )
+    g.add_argument(
+        "--gpus",
+        required=gpus_required,
+        metavar="G",
+        help="cluster shape: 8xA100, A100-40GB, 2x8xH100-80GB, 4xL40S ... (`ftlaunch gpus` lists types)",
+    )
+    g.add_argument("--gpu-memory", type=positive_float, metavar="GIB", help="override memory per GPU (GiB)")
+    g.add_argument(
+        "--cpu-memory", type=positive_float, metavar="GIB", help="override host RAM per node (GiB)"
+    )
+    g.add_argument("--nvme", type=non_negative_float, metavar="GIB", help="override NVMe per node (GiB)")
+    g.add_argument(
+        "--gpus-per-node", type=positive_int, metavar="N", help="GPUs per node (default per GPU type)"
+    )
+    g.add_argument(
+        "--inter-node-bandwidth", type=positive_float, metavar="GBS", help="override network GB/s per node"
+    )
+
+
+def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
+    """Training options; with search=True (the planner) the sharding flags are optional pins."""
+    g = p.add_argument_group("training method")
+    g.add_argument(
+        "--method", choices=S.METHODS, default="full", help="full fine-tuning, LoRA or QLoRA (default full)"
+    )
+    g.add_argument("--lora-r", type=positive_int, metavar="R", help="LoRA rank (default 16)")
+    g.add_argument("--lora-alpha", type=positive_int, metavar="A", help="LoRA alpha (default 32)")
+    g.add_argument(
+        "--lora-targets",
+        metavar="NAMES",
+        help="comma-separated module names to adapt, or all-linear (default all-linear)",
+    )
+    g.add_argument("--quant", choices=S.QUANT, help="QLoRA base-weight format (default nf4)")
+    g.add_argument(
+        "--precision",
+        choices=S.PRECISIONS,
+        default="bf16",
+        help="bf16 = mixed with fp32 master weights (default)",
+    )
+    g.add_argument("--optimizer", choices=S.OPTIMIZERS, default="adamw", help="default adamw")
+    b = p.add_argument_group("batch and sequence")
+    b.add_argument(
+        "--micro-batch", type=positive_int, metavar="B", help="sequences per GPU per step (default 1)"
+    )
+    b.add_argument(
+        "--seq-len", type=positive_int, default=2048, metavar="S", help="tokens per sequence (default 2048)"
+    )
+    b.add_argument(
+        "--grad-accum", type=positive_int, metavar="K", help="gradient accumulation steps (default 1)"
+    )
+    b.add_argument(
+        "--global-batch",
+        type=positive_int,
+        metavar="N",
+        help="sequences per optimizer step over all GPUs (sets --grad-accum)",
+    )
+    b.add_argument("--grad-ckpt", choices=S.GRAD_CKPT, help="activation checkpointing (default none)")
+    b.add_argument("--attention", choices=S.ATTENTION, default="sdpa", help="attention kernel (default sdpa)")
+    s = p.add_argument_group("sharding")
+    s.add_argument(
+        "--zero-stage", type=non_negative_int, metavar="{0,1,2,3}", help="DeepSpeed ZeRO stage (default 0)"
+    )
+    s.add_argument(
+        "--offload-optimizer", choices=S.OFFLOAD, help="ZeRO-Offload of optimizer states (default none)"
+    )
+    s.add_argument("--offload-params", choices=S.OFFLOAD, help="ZeRO-3 parameter offload (default none)")
+    s.add_argument("--tp", type=positive_int, metavar="T", help="tensor-parallel degree (default 1)")
+    s.add_argument("--pp", type=positive_int, metavar="P", help="pipeline-parallel degree (default 1)")
+
+
+def train_spec(args: argparse.Namespace, dp_of: callable | None = None) -> S.TrainSpec:
+    """TrainSpec from parsed flags. `dp_of(tp, pp)` gives the data-parallel degree, needed to turn
+    --global-batch into an accumulation count."""
+    if args.method == "full":
+        given = [f for f in ("lora_r", "lora_alpha", "lora_targets", "quant") if getattr(args, f) is not None]
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise InvalidSpecError(
+                f"{flags} only apply to --method lora or qlora; drop them or pick a method"
+            )
+    if args.method == "lora" and args.quant is not None:
+        raise InvalidSpecError(
+            "--quant applies to --method qlora only; use --method qlora to quantise the base weights"
+        )
+    values = dict(
+        method=args.method,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        seq_len=args.seq_len,
+        attention=args.attention,
+    )
+    for name in (
+        "lora_r",
+        "lora_alpha",
+        "lora_targets",
+        "quant",
+        "micro_batch",
+        "grad_accum",
+        "grad_ckpt",
+        "zero_stage",
+        "offload_optimizer",
+        "offload_params",
+        "tp",
+        "pp",
+    ):
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    spec = S.TrainSpec(**values)
+    if args.global_batch is not None and dp_of is not None:
+        dp = dp_of(spec.tp, spec.pp)
+        per_step = spec.micro_batch * dp
+        if args.global_batch % per_step:
+            raise InvalidSpecError(
+                f"--global-batch {args.global_batch} is not a multiple of micro-batch {spec.micro_batch} x "
+                f"data-parallel {dp} = {per_step}; pick a multiple of {per_step}"
+            )
+        accum = args.global_batch // per_step
+        if args.grad_accum is not None and args.grad_accum != accum:
+            raise InvalidSpecError(
+                f"--global-batch {args.global_batch} means --grad-accum {accum}, not {args.grad_accum}; drop one"
+            )
+        spec = spec.with_(grad_accum=accum)
+    return spec
+
+
+def cluster_spec(args: argparse.Namespace):
+    from launcher.hardware import parse_gpus
+
+    return parse_gpus(
+        args.gpus,
+        gpu_memory_gib=args.gpu_memory,
+        cpu_memory_gib=args.cpu_memory,
+        nvme_gib=args.nvme,
+        gpus_per_node=args.gpus_per_node,
+        inter_node_bandwidth_gbs=args.inter_node_bandwidth,
+    )

@@ -1,0 +1,117 @@
+"""Human output: tables and terminal bar charts. Rendering only, no decisions."""
+
+from __future__ import annotations
+
+from launcher.memory.constants import GIB
+
+BAR_WIDTH = 36
+LABELS = {
+    "weights": "weights",
+    "gradients": "gradients",
+    "master_weights": "fp32 master weights",
+    "optimizer_states": "optimizer states",
+    "activations": "activations",
+    "logits_loss": "logits + loss",
+    "zero_buffers": "ZeRO buffers / gathered params",
+    "allocator_margin": "allocator margin (reserved)",
+    "cuda_context_nccl": "CUDA context + NCCL",
+}
+
+
+def console():
+    import sys
+
+    from rich.console import Console
+
+    # piped output (logs, CI) gets a fixed width instead of rich's 80-column default
+    width = None if sys.stdout.isatty() else 132
+    return Console(highlight=False, soft_wrap=False, width=width)
+
+
+def gib(x: float) -> str:
+    v = x / GIB
+    return f"{v:,.1f}" if v >= 10 else f"{v:,.2f}"
+
+
+def bar(value: float, scale: float) -> str:
+    if scale <= 0 or value <= 0:
+        return ""
+    n = value / scale * BAR_WIDTH
+    full = int(n)
+    return "█" * full + ("▌" if n - full >= 0.5 else "")
+
+
+def breakdown_table(components: dict[str, float], budget: float, title: str = "per GPU"):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    table.add_column("component")
+    table.add_column("GiB", justify="right")
+    table.add_column("", no_wrap=True)
+    scale = max(budget, sum(components.values()))
+    for name, value in components.items():
+        if value <= 0:
+            continue
+        table.add_row(LABELS.get(name, name), gib(value), f"[cyan]{bar(value, scale)}[/]")
+    return table
+
+
+def model_line(arch) -> str:
+    return (
+        f"{arch.name}: {arch.total_params / 1e9:,.2f}B params, {arch.layers} layers, hidden {arch.hidden}, "
+        f"{arch.heads} heads / {arch.kv_heads} KV, vocab {arch.vocab:,}"
+    )
+
+
+def spec_line(spec, dp: int) -> str:
+    m = spec.method
+    if spec.trains_adapters:
+        m += f" r={spec.lora_r} targets={spec.lora_targets}"
+        if spec.method == "qlora":
+            m += f" {spec.quant}"
+    off = ""
+    if spec.offload_optimizer != "none":
+        off += f" +opt->{spec.offload_optimizer}"
+    if spec.offload_params != "none":
+        off += f" +params->{spec.offload_params}"
+    return (
+        f"{m} | {spec.precision} | {spec.optimizer} | ZeRO-{spec.zero_stage}{off} | "
+        f"tp {spec.tp} pp {spec.pp} dp {dp} | micro-batch {spec.micro_batch} x seq {spec.seq_len} "
+        f"x accum {spec.grad_accum} | ckpt {spec.grad_ckpt} | attention {spec.attention}"
+    )
+
+
+def print_estimate(arch, spec, cluster, est) -> None:
+    out = console()
+    out.print(f"[bold]{model_line(arch)}[/]")
+    out.print(f"on {cluster.describe()}")
+    for note in (*cluster.notes, *est.notes):
+        out.print(f"[yellow]note:[/] {note}")
+    out.print(spec_line(spec, est.dp))
+    out.print(
+        f"trainable: {est.params_trainable / 1e9:,.3f}B params "
+        f"({100 * est.params_trainable / arch.total_params:.2f} %) | peak at {est.peak_phase}"
+    )
+    out.print()
+    out.print(breakdown_table(est.components, est.gpu_memory))
+    out.print()
+    out.print(f"peak allocated  {gib(est.peak_allocated):>8} GiB   (torch.cuda.max_memory_allocated)")
+    out.print(f"peak reserved   {gib(est.peak_reserved):>8} GiB   (torch.cuda.max_memory_reserved)")
+    verdict = "[bold green]FITS[/]" if est.fits else "[bold red]DOES NOT FIT[/]"
+    free = est.gpu_memory - est.gpu_total
+    out.print(
+        f"GPU total       {gib(est.gpu_total):>8} GiB of {gib(est.gpu_memory)} GiB  {verdict} "
+        f"({'+' if free >= 0 else '-'}{gib(abs(free))} GiB headroom)"
+    )
+    node = cluster.node
+    host_ok = est.host_per_node <= node.cpu_memory_gib * GIB
+    nvme_ok = est.nvme_per_node <= node.nvme_gib * GIB
+    out.print(
+        f"host RAM / node {gib(est.host_per_node):>8} GiB of {node.cpu_memory_gib:,.0f} GiB "
+        + ("" if host_ok else "[bold red]OVER[/]")
+    )
+    if est.nvme_per_node > 0:
+        out.print(
+            f"NVMe / node     {gib(est.nvme_per_node):>8} GiB of {node.nvme_gib:,.0f} GiB "
+            + ("" if nvme_ok else "[bold red]OVER[/]")
+        )

@@ -1,0 +1,143 @@
+"""Model states against DeepSpeed's own estimators, called from the installed deepspeed.
+
+Where the assumptions coincide (full fine-tuning, bf16 mixed precision, AdamW) the numbers
+must agree exactly; where they differ, the difference must be exactly the terms that
+launcher/memory/states.py documents (and nothing else).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.hardware import parse_gpus
+from launcher.memory import states as S
+from launcher.memory.constants import (
+    STAGE3_MAX_LIVE_PARAMETERS,
+    STAGE3_PREFETCH_FACTOR,
+    STAGE3_SUB_GROUP_SIZE,
+)
+from launcher.models.catalog import resolve_model
+from launcher.spec import TrainSpec
+
+ds2 = pytest.importorskip("deepspeed.runtime.zero.stage_1_and_2")
+ds3 = pytest.importorskip("deepspeed.runtime.zero.stage3")
+
+MODELS = ["llama-3.1-8b", "bloom-7b1", "mistral-7b", "qwen2.5-14b", "gpt2"]
+GPUS = [1, 4, 8]
+
+
+def ours(model: str, gpus: int, **spec_kw):
+    arch = resolve_model(model)
+    spec = TrainSpec(**spec_kw)
+    p = S.stage_params(arch, spec, arch.layers, True, True)
+    st = S.model_states(spec, p, gpus)
+    return arch, spec, p, st
+
+
+def ds_largest_layer(arch) -> int:
+    """DeepSpeed's largest_layer_params: the module with the most direct parameters."""
+    biggest_linear = max(lin.fan_in * lin.fan_out + (lin.fan_out if lin.bias else 0) for lin in arch.linears)
+    return max(arch.vocab * arch.hidden, biggest_linear)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("gpus", GPUS)
+def test_zero2_gpu_states_agree_exactly(model, gpus):
+    arch, _, _, st = ours(model, gpus, zero_stage=2)
+    _, ds_gpu = ds2.estimate_zero2_model_states_mem_needs(arch.total_params, gpus, 1, cpu_offload=False)
+    mine = st.weights + st.grads + st.master + st.optimizer + st.fp32_grads
+    assert mine == pytest.approx(ds_gpu, rel=1e-6, abs=64)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("gpus", GPUS)
+def test_zero2_offload_gpu_agrees_and_host_differs_by_buffer_factor_only(model, gpus):
+    arch, _, _, st = ours(model, gpus, zero_stage=2, offload_optimizer="cpu")
+    ds_cpu, ds_gpu = ds2.estimate_zero2_model_states_mem_needs(arch.total_params, gpus, 1, cpu_offload=True)
+    assert st.weights + st.grads + st.master + st.optimizer + st.fp32_grads == pytest.approx(ds_gpu, rel=1e-6)
+    # DeepSpeed: N x max(4 x GPUs, 16) x 1.5. The 4 x GPUs is fp32 model loading on every rank,
+    # the 16 the offloaded fp32 master + Adam states + fp32 gradients; we count the 16 without
+    # the blanket 1.5 (loading is a separate host term, in bf16).
+    per_node_states = st.host * gpus
+    assert per_node_states == pytest.approx(16 * arch.total_params, rel=1e-6)
+    assert ds_cpu == pytest.approx(arch.total_params * max(4 * gpus, 16) * 1.5, rel=1e-6)
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("gpus", GPUS)
+def test_zero3_differs_by_documented_terms(model, gpus):
+    arch, spec, p, st = ours(model, gpus, zero_stage=3)
+    ll = ds_largest_layer(arch)
+    _, ds_gpu, ds_ll = ds3.estimate_zero3_model_states_mem_needs(
+        arch.total_params, ll, gpus, 1, cpu_offload=False, cpu_offload_params=False
+    )
+    h2 = arch.hidden**2
+    mine_states = st.weights + st.grads + st.master + st.optimizer + st.fp32_grads
+    buffers = S.zero_buffers(spec, arch, p)
+    # 1) the 16-bit gradient partition DeepSpeed's 18 bytes/param leave out, and the fp32
+    #    gradient copy made one optimizer sub-group at a time (capped at sub_group_size)
+    uncapped_fp32_grads = 4 * arch.total_params / gpus
+    assert st.fp32_grads == min(uncapped_fp32_grads, 4 * STAGE3_SUB_GROUP_SIZE)
+    assert mine_states - st.grads - st.fp32_grads + uncapped_fp32_grads == pytest.approx(
+        ds_gpu - ds_ll, rel=1e-6
+    )
+    assert st.grads == pytest.approx(2 * arch.total_params / gpus, rel=1e-6)
+    # 2) its 4 x largest layer (16-bit params + grads) is our gathered buffers minus the
+    #    prefetch bucket and one reduce bucket
+    #    (prefetching stops at max_live_parameters; a module is always gathered whole)
+    prefetch = min(ll + STAGE3_PREFETCH_FACTOR * h2, STAGE3_MAX_LIVE_PARAMETERS) - ll
+    assert buffers - 2 * (max(prefetch, 0) + h2) == pytest.approx(ds_ll, rel=1e-6)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_zero3_full_offload_moves_all_states_off_the_gpu(model):
+    gpus = 8
+    arch, spec, p, st = ours(model, gpus, zero_stage=3, offload_optimizer="cpu", offload_params="cpu")
+    ds_cpu, ds_gpu, ds_ll = ds3.estimate_zero3_model_states_mem_needs(
+        arch.total_params, ds_largest_layer(arch), gpus, 1, cpu_offload=True, cpu_offload_params=True
+    )
+    assert st.weights + st.grads + st.master + st.optimizer + st.fp32_grads == 0
+    assert ds_gpu == ds_ll  # DeepSpeed: only the gathered largest layer stays on the GPU
+    # host: DeepSpeed 18 bytes/param x 1.5; ours 2 (params) + 2 (16-bit grad partition) + 16
+    assert st.host * gpus == pytest.approx(20 * arch.total_params, rel=1e-6)
+    assert ds_cpu == pytest.approx(18 * arch.total_params * 1.5, rel=1e-6)
+
+
+def test_lora_counts_only_adapters_as_trainable():
+    arch, spec, p, st = ours("llama-3.1-8b", 1, method="lora", lora_r=16, lora_targets="q_proj,v_proj")
+    # q_proj 4096->4096, v_proj 4096->1024: r x (in + out) each, 32 layers
+    assert p.trainable == 32 * 16 * ((4096 + 4096) + (4096 + 1024))
+    assert st.master == p.trainable * 4
+    assert st.optimizer == p.trainable * 8
+    assert st.weights == pytest.approx((arch.total_params + p.trainable) * 2)
+
+
+def test_qlora_weights_are_about_a_quarter():
+    arch, spec, p, st = ours("llama-3.1-8b", 1, method="qlora")
+    full16 = arch.total_params * 2
+    assert 0.25 < st.weights / full16 < 0.40  # embeddings and LM head stay 16-bit
+
+
+@pytest.mark.parametrize("optimizer,per_param", [("adamw", 8), ("adamw-8bit", 2), ("sgd", 4)])
+def test_optimizer_bytes(optimizer, per_param):
+    _, _, p, st = ours("llama-3.2-1b", 1, optimizer=optimizer)
+    assert st.optimizer == pytest.approx(p.trainable * per_param, rel=0.01)
+
+
+def test_adafactor_is_factored():
+    _, _, p, st = ours("llama-3.2-1b", 1, optimizer="adafactor")
+    assert st.optimizer < 0.2 * p.trainable * 4
+
+
+def test_bf16_pure_has_no_master_weights():
+    _, _, p, st = ours("llama-3.2-1b", 1, precision="bf16-pure")
+    assert st.master == 0 and st.optimizer == p.trainable * 4
+
+
+def test_cluster_sizes_scale_states():
+    arch = resolve_model("llama-3.1-70b")
+    spec = TrainSpec(zero_stage=3)
+    small = S.model_states(spec, S.stage_params(arch, spec, arch.layers, True, True), 8)
+    big = S.model_states(spec, S.stage_params(arch, spec, arch.layers, True, True), 64)
+    assert big.optimizer == pytest.approx(small.optimizer / 8)
+    assert parse_gpus("8x8xH100").world_size == 64
