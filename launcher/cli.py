@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv  # accepted anywhere on the line
     argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors (one line, see _Parser.error), --help, --version
+        return exc.code if isinstance(exc.code, int) else 2
     args.debug = debug
     if not getattr(args, "run", None):
         parser.print_help()

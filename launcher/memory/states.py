@@ -166,12 +166,14 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int) -> States:
         if stage == 3:
             host += grads
         grads = 0.0
+    # The fp32 gradient copy lives with the optimizer: a whole pinned partition under
+    # ZeRO-1/2, one sub-group at a time under ZeRO-3 (as on the GPU).
     if spec.offload_optimizer == "cpu":
-        host += master + opt + (p.trainable * 4 / dp if mixed(spec) else 0)
+        host += master + opt + fp32g
         master = opt = fp32g = 0.0
     elif spec.offload_optimizer == "nvme":
         nvme += master + opt
-        host += (p.trainable * 4 / dp if mixed(spec) else 0) + C.NVME_OPTIMIZER_BUFFERS * 4
+        host += fp32g + C.NVME_OPTIMIZER_BUFFERS * 4
         master = opt = fp32g = 0.0
     if spec.offload_params == "cpu":
         host += weights

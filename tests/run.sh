@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install everything the tests need into .venv and run the whole suite (what CI runs).
+#   bash tests/run.sh            # all tests
+#   bash tests/run.sh -k planner # extra arguments go to pytest
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+echo "== installing (torch CPU build first, so nothing pulls a CUDA build)"
+python -m pip install -q --disable-pip-version-check torch==2.13.0
+python -m pip install -q --disable-pip-version-check -e ".[train,test]"
+echo "== ruff"
+ruff check launcher tests bench
+echo "== pytest"
+python -m pytest -q "$@"
