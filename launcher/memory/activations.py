@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.memory.memo import ArchMemo
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
 
@@ -105,7 +106,25 @@ def norm_bytes(arch: ModelArch, tokens: float, e: int, trainable: bool) -> float
     return tokens * h * e + 8 * tokens
 
 
+_MEMO = ArchMemo()
+
+
 def layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> LayerActivations:
+    """What one block keeps for backward (memoised per arch on the fields it reads)."""
+    key = (
+        spec.precision,
+        spec.tp,
+        spec.micro_batch,
+        spec.seq_len,
+        spec.method,
+        spec.attention,
+        spec.lora_r,
+        frozenset(targets),
+    )
+    return _MEMO.get(arch, key, lambda: _layer_activations(arch, spec, targets))
+
+
+def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> LayerActivations:
     e = 4 if spec.precision == "fp32" else 2
     t = spec.tp
     b, s = spec.micro_batch, spec.seq_len

@@ -169,7 +169,7 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
 
     ranks = min(cluster.world_size, cluster.gpus_per_node)
     host, nvme = _host_and_nvme(arch, spec, st, ranks)
-    trainable_total = S.stage_params(arch, spec.with_(tp=1), arch.layers, True, True).trainable
+    trainable_total = S.trainable_params(arch, spec)
     return Estimate(
         components={k: comps[k] for k in COMPONENTS},
         peak_allocated=allocated,

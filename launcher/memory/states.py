@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from launcher.errors import InvalidSpecError
 from launcher.memory import constants as C
+from launcher.memory.memo import ArchMemo
 from launcher.models.arch import Linear, ModelArch
 from launcher.spec import TrainSpec
 
@@ -69,7 +70,27 @@ def lora_targets(arch: ModelArch, spec: TrainSpec) -> set[str]:
 
 
 def stage_params(arch: ModelArch, spec: TrainSpec, layers: int, first: bool, last: bool) -> StageParams:
-    tp = spec.tp
+    """Parameters one TP rank holds for a stage of `layers` blocks (memoised per arch)."""
+    return _stage_params(arch, spec, spec.tp, layers, first, last)
+
+
+def trainable_params(arch: ModelArch, spec: TrainSpec) -> float:
+    """Trainable parameters of the whole model (no TP or PP split)."""
+    return _stage_params(arch, spec, 1, arch.layers, True, True).trainable
+
+
+_MEMO = ArchMemo()
+
+
+def _stage_params(arch: ModelArch, spec: TrainSpec, tp: int, layers: int, first: bool, last: bool):
+    # every TrainSpec field _count_stage_params reads is in the key
+    key = (tp, spec.method, spec.lora_r, spec.lora_targets, layers, first, last)
+    return _MEMO.get(arch, key, lambda: _count_stage_params(arch, spec, tp, layers, first, last))
+
+
+def _count_stage_params(
+    arch: ModelArch, spec: TrainSpec, tp: int, layers: int, first: bool, last: bool
+) -> StageParams:
     targets = lora_targets(arch, spec) if spec.trains_adapters else set()
     quantizable = other = trainable = ada = 0.0
     largest = 0.0

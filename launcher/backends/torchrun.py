@@ -1,0 +1,67 @@
+"""The torchrun backend: the launch command and script for a run directory.
+
+Single node: `torchrun --standalone --nproc-per-node N`. Multi-node: c10d rendezvous at
+`--rdzv-endpoint HOST:PORT` with `--nnodes`, one agent per node. Elastic restarts with
+`--max-restarts`; per-rank logs under RUN_DIR/logs/ranks.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+DEFAULT_PORT = 29500
+
+
+def command(
+    run_dir: Path,
+    nproc_per_node: int,
+    nnodes: int = 1,
+    endpoint: str | None = None,
+    max_restarts: int = 0,
+    run_id: str = "ftlaunch",
+    python: str | None = None,
+) -> list[str]:
+    python = python or sys.executable
+    argv = [python, "-m", "torch.distributed.run"]
+    if nnodes == 1 and endpoint is None:
+        argv += ["--standalone", "--nnodes", "1"]
+    else:
+        argv += [
+            "--nnodes",
+            str(nnodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            endpoint or f"127.0.0.1:{DEFAULT_PORT}",
+            "--rdzv-id",
+            run_id,
+        ]
+    argv += [
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--max-restarts",
+        str(max_restarts),
+        "--log-dir",
+        str(Path(run_dir) / "logs" / "ranks"),
+        "--tee",
+        "3",
+        "-m",
+        "launcher.train",
+        str(run_dir),
+    ]
+    return argv
+
+
+def script(argv: list[str], env: dict[str, str]) -> str:
+    """launch.sh: the exact command, every word quoted."""
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Written by ftlaunch: the exact command the torchrun backend runs.",
+        "set -euo pipefail",
+    ]
+    for k, v in env.items():
+        lines.append(f"export {k}={shlex.quote(v)}")
+    lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,51 @@
+"""Turn a plan into the files of its run directory (launcher/rundir.py describes them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.backends import torchrun
+from launcher.emit.accelerate_config import accelerate_config
+from launcher.emit.deepspeed import ds_config
+from launcher.emit.device_map import device_map
+from launcher.rundir import RunFile, TrainingConfig, new_run_file, write_run_dir
+
+
+def run_file(
+    name, arch, source, spec, cluster, dp, global_batch, plan_dict, training: TrainingConfig
+) -> RunFile:
+    return new_run_file(
+        name=name,
+        model={"name": arch.name, "source": source, "hf_config": dict(arch.hf_config)},
+        spec=spec.to_dict(),
+        cluster={
+            "gpu": cluster.gpu.name,
+            "nodes": cluster.nodes,
+            "gpus_per_node": cluster.gpus_per_node,
+            "gpu_memory_gib": cluster.gpu_memory_gib,
+        },
+        dp=dp,
+        global_batch=global_batch,
+        plan=plan_dict,
+        training=training,
+        backend={"name": "torchrun", "nproc_per_node": cluster.gpus_per_node, "nnodes": cluster.nodes},
+    )
+
+
+def write(
+    root: Path, run: RunFile, arch, spec, cluster, explain: str, env: dict[str, str] | None = None
+) -> tuple[Path, list[str]]:
+    """Write the run directory; returns it and the exact launch command."""
+    run_dir = (Path(root) / run.name).resolve()
+    files = {
+        "ds_config.json": json.dumps(ds_config(arch, spec, run.dp, lr=run.training.lr), indent=2) + "\n",
+        "accelerate_config.yaml": accelerate_config(spec, cluster, run.dp),
+        "explain.txt": explain,
+    }
+    if spec.pp > 1:
+        files["device_map.json"] = json.dumps(device_map(arch, spec, spec.pp).to_dict(), indent=2) + "\n"
+    argv = torchrun.command(run_dir, cluster.gpus_per_node, cluster.nodes)
+    files["launch.sh"] = torchrun.script(argv, env or {})
+    write_run_dir(root, run, files, executable=("launch.sh",))
+    return run_dir, argv

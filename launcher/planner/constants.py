@@ -1,0 +1,93 @@
+"""Every assumption the planner makes, in one place, each with its source or its reasoning.
+
+The memory side has its own constants (launcher/memory/constants.py); these are the search
+defaults and the performance model's figures. Rates are per second; bandwidths in bytes/s are
+derived from the GB/s figures of launcher/hardware.py (decimal, one direction).
+"""
+
+from __future__ import annotations
+
+# --- Search defaults ------------------------------------------------------------------------------
+
+# Fraction of each GPU's memory kept free on top of what the memory model counts (its allocator
+# margin and CUDA context included): room for what no analytic model sees (allocator spikes,
+# NCCL's lazily grown buffers, a different torch / DeepSpeed version). `--margin` overrides it.
+DEFAULT_MARGIN = 0.05
+
+# Default tokens per optimizer step when --global-batch is not given: 2^18 = 262,144 tokens, what
+# common fine-tuning recipes use (64-128 sequences of 2-4k tokens, e.g. Llama-2-chat SFT: 64 x 4096).
+# In sequences: the smallest multiple of the GPU count that holds at least this many tokens, so
+# every data-parallel degree can reach it and every plan on one cluster trains the same batch
+# (their tokens/s are comparable); it is 128 sequences of 2048 tokens on up to 128 GPUs.
+DEFAULT_TOKENS_PER_STEP = 1 << 18
+
+# Micro-batches searched (sequences per GPU per forward/backward).
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+# Hardware selection (`ftlaunch plan` without --gpus): counts tried per GPU type are 1, 2, 4, ...
+# up to a node, then whole nodes up to this many (256 x 8-GPU nodes is beyond what one rents).
+SELECT_MAX_NODES = 32
+# After the smallest count that fits, this many further rungs of the ladder are planned too, and
+# a larger count is shown when it is cheaper per token (e.g. no offload needed any more).
+SELECT_EXTRA_RUNGS = 2
+
+# --- Performance model ----------------------------------------------------------------------------
+
+# Fraction of the GPU's dense 16-bit peak the training matmuls reach (compute only; communication
+# is modelled separately). Megatron-LM and torchtitan report 40-55 % end-to-end MFU for dense
+# models on A100/H100 with communication included; 0.45 is taken for the compute alone, on the
+# conservative side for fine-tuning at modest micro-batches.
+MATMUL_EFFICIENCY = 0.45
+
+# Dense fp32 TFLOPS without tensor cores (datasheets). PyTorch does not use TF32 for matmuls by
+# default (torch.backends.cuda.matmul.allow_tf32 = False since 1.12), so fp32 training runs here.
+FP32_TFLOPS = {
+    "A100-40GB": 19.5,
+    "A100-80GB": 19.5,
+    "H100-80GB": 67.0,
+    "H100-PCIe": 51.0,
+    "H100-96GB": 67.0,
+    "H200": 67.0,
+    "B200": 80.0,
+    "V100-16GB": 15.7,
+    "V100-32GB": 15.7,
+    "A10": 31.2,
+    "A10G": 31.2,
+    "L4": 30.3,
+    "T4": 8.1,
+    "L40S": 91.6,
+    "RTX3090": 35.6,
+    "RTX4090": 82.6,
+    "RTX-A6000": 38.7,
+    "MI300X": 163.4,
+}
+# GPUs not in the table (a --gpu-memory variant keeps its name): datacenter cards run fp32 at
+# 1/16 .. 1/8 of their 16-bit tensor rate; the lower end is taken.
+FP32_FALLBACK_FRACTION = 1 / 16
+
+# Causal attention with sdpa / flash skips the masked half of the score matrix; eager computes
+# all of it.
+CAUSAL_FRACTION = 0.5
+
+# Selective recompute (launcher/memory/activations.py: every other linear's output is kept, as
+# torchtitan's op-level SAC policy does) recomputes about half of the blocks' linear forward.
+SELECTIVE_RECOMPUTE_FRACTION = 0.5
+
+# Fraction of a communication or transfer that hides behind the compute it can overlap with
+# (DeepSpeed overlap_comm and stage-3 prefetching; async offload copies). Overlap is imperfect:
+# collectives steal SMs and memory bandwidth, and prefetching stalls on the first layers.
+OVERLAP = 0.5
+
+# Bytes moved per parameter by a GPU optimizer step (memory-bound fused AdamW: read + write fp32
+# master, exp_avg, exp_avg_sq, read the fp32 gradient, write the 16-bit weight: 30 bytes). Used
+# for every optimizer as an upper figure; the step is a small term next to compute.
+GPU_OPTIMIZER_BYTES_PER_PARAM = 30
+
+# DeepSpeed's CPU Adam (AVX-512, multi-threaded) is bound by host memory bandwidth: ~30 bytes per
+# parameter, and a 2-socket server sustains ~200 GB/s with all its cores busy, ~6.4 G params/s
+# for 128 cores: 50 M params/s per core, taken per core so smaller VMs get their share.
+CPU_ADAM_PARAMS_PER_CORE = 5e7
+
+# QLoRA: bitsandbytes dequantises every 4-bit weight to 16-bit each time it is used (forward,
+# backward, recompute): read 0.5 byte + write 2 bytes per weight through HBM.
+DEQUANT_BYTES_PER_PARAM = 2.5

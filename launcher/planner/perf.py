@@ -1,0 +1,247 @@
+"""The performance model: step time and tokens/s of one configuration, with a breakdown.
+
+Time per optimizer step on the slowest pipeline stage, each term in seconds (constants and their
+sources in launcher/planner/constants.py; "exposed" = what overlap leaves on the critical path,
+exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind compute w):
+
+  compute    training FLOPs at peak x MATMUL_EFFICIENCY (fp32: the non-tensor-core rate). Per token
+             and layer: linears 2·N forward; attention 4·s·d forward (half with causal sdpa/flash);
+             backward twice the forward for full fine-tuning (6·N in all); LoRA skips the frozen
+             weights' gradients (4·N) and adds 6·n per adapter parameter. The LM head (2·V·h) is
+             not split by tensor parallelism (AutoTP), the blocks are.
+  recompute  full: one more forward of every block; selective: half of the blocks' linears.
+  dequant    QLoRA: every 4-bit weight dequantised per use (forward, backward, recompute) at HBM
+             bandwidth.
+  tp_comm    per layer and micro-batch, 2 all-reduces forward + 2 backward (+2 in a full
+             recompute) of tokens x hidden 16-bit values, ring 2(t-1)/t, over the intra-node link;
+             not overlapped (on the critical path in Megatron-style TP).
+  zero_comm  ring volumes (n-1)/n over the data-parallel group's bandwidth (see dp_bandwidth):
+             ZeRO-0 all-reduces gradients once per step; ZeRO-1 reduce-scatters them once per step
+             and all-gathers the updated weights; ZeRO-2 reduce-scatters every micro-batch (its
+             gradients are partitioned) and all-gathers the weights once; ZeRO-3 all-gathers the
+             weights in forward and in backward and reduce-scatters gradients every micro-batch.
+             Gradient reduction and stage-3 gathers overlap with compute, the post-step gather not.
+  pp_comm    activations forward and their gradients backward between pipeline stages.
+  pp_bubble  1F1B: a step takes (accumulation + pp - 1) micro-batch slots, pp - 1 of them idle.
+  offload    PCIe: gradients down, updated weights up (optimizer offload), weights up in forward
+             and backward (parameter offload); NVMe: optimizer states read and written every step,
+             offloaded weights read per micro-batch and written per step, per node bandwidth.
+  optimizer  GPU: memory-bound fused step; CPU (offload): CPU Adam, shared by the node's ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from launcher.hardware import ClusterSpec, GpuType
+from launcher.memory import states as S
+from launcher.memory.activations import attention_impl
+from launcher.models.arch import ModelArch
+from launcher.planner import constants as C
+from launcher.spec import TrainSpec
+
+TERMS = (
+    "compute",
+    "recompute",
+    "dequant",
+    "tp_comm",
+    "zero_comm",
+    "pp_comm",
+    "pp_bubble",
+    "offload",
+    "optimizer",
+)
+
+
+@dataclass(frozen=True)
+class Perf:
+    """Estimated speed of one plan; `breakdown` sums to `step_time_s`."""
+
+    tokens_per_s: float
+    step_time_s: float
+    mfu: float  # model FLOPs (no recompute) per second over the peak of every GPU
+    breakdown: dict[str, float]  # seconds per optimizer step, see TERMS
+
+    def to_dict(self) -> dict:
+        return {
+            "tokens_per_s": round(self.tokens_per_s, 3),
+            "step_time_s": round(self.step_time_s, 4),
+            "mfu": round(self.mfu, 4),
+            "breakdown_s": {k: round(v, 4) for k, v in self.breakdown.items()},
+        }
+
+
+def peak_flops(gpu: GpuType, precision: str) -> float:
+    """Dense FLOP/s of one GPU in the precision the matmuls run in."""
+    if precision == "fp32":
+        tflops = C.FP32_TFLOPS.get(gpu.name, gpu.peak_bf16_tflops * C.FP32_FALLBACK_FRACTION)
+        return tflops * 1e12
+    return gpu.peak_bf16_tflops * 1e12
+
+
+def stage_layers(layers: int, pp: int) -> tuple[int, int]:
+    """Blocks on the first and on the last pipeline stage (the memory model's split)."""
+    first = math.ceil(layers / pp)
+    return first, layers - first * (pp - 1)
+
+
+@dataclass(frozen=True)
+class TokenFlops:
+    """FLOPs per token: one block (all layers alike) and the LM head."""
+
+    layer_train: float
+    layer_recompute: float
+    head_train: float
+
+
+def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
+    experts = arch.experts > 1
+    mm = lora = 0.0
+    targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
+    for lin in arch.linears:
+        active = arch.experts_per_token if experts and lin.count == arch.experts else lin.count
+        mm += active * lin.fan_in * lin.fan_out
+        if lin.name in targets:
+            lora += active * spec.lora_r * (lin.fan_in + lin.fan_out)
+    causal = 1.0 if attention_impl(arch, spec) == "eager" else C.CAUSAL_FRACTION
+    attn = 4 * spec.seq_len * arch.heads * arch.head_dim * causal
+    head = 2 * arch.vocab * arch.hidden
+    if spec.method == "full":
+        layer_train, head_train = 3 * (2 * mm + attn), 3 * head
+    else:  # frozen weights: input gradients only; adapters forward + both gradients
+        layer_train, head_train = 4 * mm + 3 * attn + 6 * lora, 2 * head
+    if spec.grad_ckpt == "full":
+        recompute = 2 * mm + attn + 2 * lora
+    elif spec.grad_ckpt == "selective":
+        recompute = C.SELECTIVE_RECOMPUTE_FRACTION * 2 * mm
+    else:
+        recompute = 0.0
+    return TokenFlops(layer_train, recompute, head_train)
+
+
+def dp_bandwidth(cluster: ClusterSpec, tp: int, dp: int) -> float:
+    """Bytes/s of one data-parallel group's ring (NCCL bus bandwidth).
+
+    Ranks are laid out TP innermost, then DP, then PP (Megatron's order). A group inside one node
+    runs at the intra-node link. A group spanning nodes with k ranks per node drives k NICs (NCCL
+    spreads its rings over them): k x the per-GPU share of the node's network, as the node's other
+    groups use the rest (for k = all GPUs of a node, the node's bandwidth: what nccl-tests shows
+    as bus bandwidth across nodes).
+    """
+    g = cluster.gpus_per_node
+    intra = cluster.gpu.intra_node_bandwidth_gbs * 1e9
+    if tp * dp <= g:
+        return intra
+    k = max(1, g // tp)
+    return min(intra, cluster.node.inter_node_bandwidth_gbs * 1e9 * k / g)
+
+
+def _exposed(comm: float, window: float) -> float:
+    return comm - C.OVERLAP * min(comm, window)
+
+
+def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int) -> Perf:
+    """Estimated step time, tokens/s and MFU of `spec` on `cluster` with data-parallel degree dp."""
+    gpu, node = cluster.gpu, cluster.node
+    tp, pp, accum = spec.tp, spec.pp, spec.grad_accum
+    e = 4 if spec.precision == "fp32" else 2
+    rate = peak_flops(gpu, spec.precision) * C.MATMUL_EFFICIENCY
+    tokens = spec.micro_batch * spec.seq_len  # per GPU per micro-batch
+    f = token_flops(arch, spec)
+
+    first, last = stage_layers(arch.layers, pp)
+    if pp == 1:
+        layers, with_head = arch.layers, True
+        p = S.stage_params(arch, spec, arch.layers, True, True)
+    else:
+        first_t = first * f.layer_train / tp
+        last_t = last * f.layer_train / tp + f.head_train
+        layers, with_head = (first, False) if first_t >= last_t else (last, True)
+        pf = S.stage_params(arch, spec, first, True, False)
+        pl = S.stage_params(arch, spec, last, False, True)
+        p = pf if pf.total >= pl.total else pl
+    head = f.head_train if with_head else 0.0
+    compute = tokens * (layers * f.layer_train / tp + head) / rate
+    recompute = tokens * layers * f.layer_recompute / tp / rate
+    window = compute + recompute  # one micro-batch's compute, what transfers can hide behind
+
+    dequant = 0.0
+    if spec.method == "qlora":
+        uses = 2 + {"none": 0.0, "selective": C.SELECTIVE_RECOMPUTE_FRACTION, "full": 1.0}[spec.grad_ckpt]
+        dequant = uses * p.quantizable * C.DEQUANT_BYTES_PER_PARAM / (gpu.hbm_bandwidth_gbs * 1e9)
+
+    intra = gpu.intra_node_bandwidth_gbs * 1e9
+    tp_comm = 0.0
+    if tp > 1:
+        n = 4 + (2 if spec.grad_ckpt == "full" else 0)
+        tp_comm = layers * n * 2 * (tp - 1) / tp * tokens * arch.hidden * e / intra
+
+    pp_comm = 0.0
+    if pp > 1:
+        link = node.inter_node_bandwidth_gbs * 1e9 / cluster.gpus_per_node if cluster.nodes > 1 else intra
+        pp_comm = 2 * tokens * arch.hidden * e / link
+
+    # ZeRO collectives
+    weights = S.weight_bytes(spec, p)  # 16-bit (or quantised) weights of this TP rank's stage
+    grads = p.trainable * e
+    zero_mb = zero_step = 0.0
+    if dp > 1:
+        bw = dp_bandwidth(cluster, tp, dp)
+        ring = (dp - 1) / dp
+        stage = spec.zero_stage
+        if stage == 0:
+            zero_step = _exposed(2 * ring * grads / bw, window)
+        elif stage == 1:
+            zero_step = _exposed(ring * grads / bw, window) + ring * grads / bw
+        elif stage == 2:
+            zero_mb = _exposed(ring * grads / bw, window)
+            zero_step = ring * grads / bw
+        else:
+            zero_mb = _exposed(ring * (2 * weights + grads) / bw, window)
+
+    # offload traffic and the optimizer step
+    pcie = gpu.pcie_bandwidth_gbs * 1e9
+    nvme_bw = node.nvme_bandwidth_gbs * 1e9
+    ranks = min(cluster.world_size, cluster.gpus_per_node)
+    shard = p.trainable / dp if spec.zero_stage >= 1 else p.trainable
+    offload_mb = offload_step = 0.0
+    if spec.offload_optimizer != "none":
+        down = shard * e / pcie
+        if spec.zero_stage >= 2:
+            offload_mb += _exposed(down, window)
+        else:
+            offload_step += down
+        offload_step += shard * e / pcie  # updated 16-bit weights back up
+        optimizer = shard * ranks / (C.CPU_ADAM_PARAMS_PER_CORE * node.cpu_cores)
+        if spec.offload_optimizer == "nvme":
+            states = (p.trainable * 4 if S.mixed(spec) else 0.0) + S.optimizer_bytes(spec, p)
+            offload_step += 2 * states / dp * ranks / nvme_bw  # read and write back every step
+    else:
+        optimizer = shard * C.GPU_OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_bandwidth_gbs * 1e9)
+    if spec.offload_params != "none":
+        fetch = 2 * weights / dp  # forward and backward, this rank's shard
+        t = fetch / pcie
+        if spec.offload_params == "nvme":
+            t = max(t, fetch * ranks / nvme_bw)
+            offload_step += weights / dp * ranks / nvme_bw  # updated weights written back
+        offload_mb += _exposed(t, window)
+
+    slot = compute + recompute + dequant + tp_comm + pp_comm + zero_mb + offload_mb
+    breakdown = {
+        "compute": accum * compute,
+        "recompute": accum * recompute,
+        "dequant": accum * dequant,
+        "tp_comm": accum * tp_comm,
+        "zero_comm": accum * zero_mb + zero_step,
+        "pp_comm": accum * pp_comm,
+        "pp_bubble": (pp - 1) * slot,
+        "offload": accum * offload_mb + offload_step,
+        "optimizer": optimizer,
+    }
+    step = sum(breakdown.values())
+    tokens_per_step = tokens * dp * accum
+    tokens_per_s = tokens_per_step / step
+    model_flops = arch.layers * (f.layer_train) + f.head_train
+    mfu = model_flops * tokens_per_s / (cluster.world_size * peak_flops(gpu, spec.precision))
+    return Perf(tokens_per_s, step, mfu, breakdown)

@@ -1,0 +1,212 @@
+"""The search space: every configuration the planner considers for one request.
+
+Dimensions (a dimension the user pinned takes only the pinned value):
+  sharding      ZeRO stage 0-3 with optimizer offload none/cpu/nvme (offload needs stage >= 1,
+                NVMe needs stage 3) and parameter offload none/cpu/nvme (stage 3 only): 14 choices
+  tp            divisors of the GPUs per node that divide the attention heads AND the KV heads
+                (tensor parallelism stays inside a node). TP > 1 is DeepSpeed AutoTP, whose
+                training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
+                tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
+                so not with ZeRO-3, PP > 1 or QLoRA (bitsandbytes packs 4-bit weights).
+  pp            divisors of world / tp up to the layer count whose even split leaves every stage
+                at least one block; only with ZeRO-0/1 (DeepSpeed's pipeline engine); may span nodes
+  grad_ckpt     none, selective, full
+  micro_batch   MICRO_BATCHES, with the accumulation that reaches the global batch exactly
+                (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate
+
+A `Group` is the candidates that differ only in micro-batch (and so accumulation): the search
+walks a group from the smallest micro-batch up and stops where a lower bound proves the rest
+cannot fit (see search.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from launcher.errors import InvalidSpecError
+from launcher.memory.estimate import check_parallelism
+from launcher.planner.constants import MICRO_BATCHES
+from launcher.planner.plans import Request
+from launcher.spec import GRAD_CKPT, TrainSpec
+
+# (zero_stage, offload_optimizer, offload_params), fewest moving parts first: the order breaks
+# ties between plans of equal speed.
+SHARDINGS = (
+    (0, "none", "none"),
+    (1, "none", "none"),
+    (2, "none", "none"),
+    (3, "none", "none"),
+    (1, "cpu", "none"),
+    (2, "cpu", "none"),
+    (3, "cpu", "none"),
+    (3, "none", "cpu"),
+    (3, "cpu", "cpu"),
+    (3, "nvme", "none"),
+    (3, "nvme", "cpu"),
+    (3, "none", "nvme"),
+    (3, "cpu", "nvme"),
+    (3, "nvme", "nvme"),
+)
+SHARDING_RANK = {s: i for i, s in enumerate(SHARDINGS)}
+CKPT_RANK = {c: i for i, c in enumerate(GRAD_CKPT)}
+
+
+@dataclass(frozen=True)
+class Group:
+    """Candidates sharing everything but the micro-batch: (micro, accum, global batch) each."""
+
+    spec: TrainSpec  # micro_batch / grad_accum are set per candidate
+    dp: int
+    batches: tuple[tuple[int, int, int], ...]
+
+
+def effective_base(request: Request) -> tuple[TrainSpec, tuple[str, ...]]:
+    """The user's choices adjusted to the GPU: bf16 becomes fp16 where the GPU has no bf16."""
+    base, gpu = request.base, request.cluster.gpu
+    if gpu.bf16:
+        return base, ()
+    if base.precision == "bf16":
+        note = f"{gpu.name} has no bf16: planned with fp16 mixed precision (same memory, loss scaling)"
+        return base.with_(precision="fp16"), (note,)
+    if base.precision == "bf16-pure":
+        raise InvalidSpecError(
+            f"--precision bf16-pure needs bf16, which {gpu.name} lacks; use --precision fp16 or fp32"
+        )
+    return base, ()
+
+
+def sensible_pp(layers: int, pp: int) -> bool:
+    """pp <= layers and the ceil split leaves the last stage at least one block."""
+    return pp <= layers and math.ceil(layers / pp) * (pp - 1) < layers
+
+
+def tp_degrees(request: Request) -> list[int]:
+    arch, g = request.arch, request.cluster.gpus_per_node
+    pinned = request.pinned.get("tp")
+    if pinned is not None:
+        if pinned > g:
+            raise InvalidSpecError(
+                f"--tp {pinned} is more than the {g} GPUs of a node; tensor parallelism stays inside a node"
+            )
+        if g % pinned:
+            raise InvalidSpecError(
+                f"--tp {pinned} does not divide the {g} GPUs of a node; use a divisor of {g}"
+            )
+        check_parallelism(arch, TrainSpec(tp=pinned), request.cluster.world_size)
+        return [pinned]
+    return [t for t in range(1, g + 1) if g % t == 0 and arch.heads % t == 0 and arch.kv_heads % t == 0]
+
+
+def pp_degrees(request: Request, tp: int) -> list[int]:
+    layers, rest = request.arch.layers, request.cluster.world_size // tp
+    pinned = request.pinned.get("pp")
+    if pinned is not None:
+        check_parallelism(request.arch, TrainSpec(tp=tp, pp=pinned), request.cluster.world_size)
+        if not sensible_pp(layers, pinned):
+            ok = [p for p in range(1, layers + 1) if sensible_pp(layers, p) and rest % p == 0]
+            raise InvalidSpecError(
+                f"--pp {pinned} leaves a pipeline stage of {request.arch.name} ({layers} layers) without "
+                f"a layer; use --pp {' or '.join(map(str, ok[-4:]))}"
+            )
+        return [pinned]
+    return [p for p in range(1, rest + 1) if rest % p == 0 and sensible_pp(layers, p)]
+
+
+def autotp_conflict(spec: TrainSpec) -> str | None:
+    """Why DeepSpeed AutoTP cannot train this configuration, or None when it can (or tp is 1)."""
+    if spec.tp == 1:
+        return None
+    if spec.method == "qlora":
+        return "AutoTP cannot split bitsandbytes' packed 4-bit weights"
+    if spec.zero_stage == 3:
+        return "AutoTP training supports ZeRO-0/1/2 only"
+    if spec.pp > 1:
+        return "DeepSpeed does not combine AutoTP with pipeline parallelism in training"
+    return None
+
+
+def _pinned_spec(request: Request, base: TrainSpec) -> None:
+    """Raise TrainSpec's own error when the pins contradict each other (e.g. --pp 2 with
+    --offload-params cpu), taking the unpinned stage as the lowest the pinned offloads allow;
+    likewise for a pinned --tp that AutoTP cannot train."""
+    pins = dict(request.pinned)
+    if "zero_stage" not in pins:
+        needs3 = pins.get("offload_params", "none") != "none" or pins.get("offload_optimizer") == "nvme"
+        pins["zero_stage"] = 3 if needs3 else 1 if pins.get("offload_optimizer", "none") != "none" else 0
+    why = autotp_conflict(base.with_(**pins))
+    if why is not None:
+        raise InvalidSpecError(
+            f"--tp {pins['tp']} with this configuration: {why}; drop --tp or change the rest"
+        )
+
+
+def _batches(request: Request, dp: int) -> tuple[tuple[int, int, int], ...]:
+    pins = request.pinned
+    micros = (pins["micro_batch"],) if "micro_batch" in pins else MICRO_BATCHES
+    accum_pin = pins.get("grad_accum")
+    gb = request.resolved_global_batch()
+    out = []
+    for micro in micros:
+        if gb is None:
+            out.append((micro, accum_pin, micro * dp * accum_pin))
+        elif gb % (micro * dp) == 0:
+            accum = gb // (micro * dp)
+            if accum_pin is None or accum == accum_pin:
+                out.append((micro, accum, gb))
+    return tuple(out)
+
+
+def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
+    """Every group of the space, in a fixed order (sharding, tp, pp, recompute)."""
+    _pinned_spec(request, base)
+    pins = request.pinned
+    shardings = [
+        s
+        for s in SHARDINGS
+        if pins.get("zero_stage", s[0]) == s[0]
+        and pins.get("offload_optimizer", s[1]) == s[1]
+        and pins.get("offload_params", s[2]) == s[2]
+    ]
+    ckpts = (pins["grad_ckpt"],) if "grad_ckpt" in pins else GRAD_CKPT
+    world = request.cluster.world_size
+    layouts = [(tp, pp) for tp in tp_degrees(request) for pp in pp_degrees(request, tp)]
+    for stage, opt, params in shardings:
+        for tp, pp in layouts:
+            if pp > 1 and stage >= 2:
+                continue  # DeepSpeed's pipeline engine supports ZeRO-0/1 only
+            dp = world // (tp * pp)
+            batches = _batches(request, dp)
+            if not batches:
+                continue
+            for ckpt in ckpts:
+                try:
+                    spec = base.with_(
+                        zero_stage=stage,
+                        offload_optimizer=opt,
+                        offload_params=params,
+                        tp=tp,
+                        pp=pp,
+                        grad_ckpt=ckpt,
+                    )
+                except InvalidSpecError:
+                    continue  # e.g. an 8-bit optimizer cannot be offloaded
+                if autotp_conflict(spec) is None:
+                    yield Group(spec, dp, batches)
+
+
+def unreachable_batch_error(request: Request) -> InvalidSpecError:
+    """The error when no (micro-batch, data-parallel) pair reaches the requested global batch."""
+    world = request.cluster.world_size
+    tps = tp_degrees(request)
+    dps = sorted({world // (tp * pp) for tp in tps for pp in pp_degrees(request, tp)})
+    gb = request.resolved_global_batch()
+    what = f"--global-batch {gb}" if request.global_batch is not None else f"the global batch {gb}"
+    pins = request.pinned
+    step = min(dps) * pins.get("micro_batch", 1) * pins.get("grad_accum", 1)
+    fixed = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in request.pins) or "nothing pinned"
+    return InvalidSpecError(
+        f"{what} cannot be split as micro-batch x data-parallel x accumulation on {world} GPUs "
+        f"(data-parallel degrees possible: {', '.join(map(str, dps))}; {fixed}); use a multiple of {step}"
+    )

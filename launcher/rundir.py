@@ -1,0 +1,143 @@
+"""The run directory: the contract between planning and running.
+
+Everything a rank needs is in the run directory; the worker and the backends read nothing else.
+
+    plan.json            RunFile below: the spec that produced the plan, the plan with its memory
+                         breakdown, the model's config, the training settings, the backend
+    ds_config.json       the DeepSpeed config (launcher/emit/deepspeed.py)
+    device_map.json      pipeline plans only (launcher/emit/device_map.py)
+    accelerate_config.yaml  the same plan for `accelerate launch`
+    launch.sh            the exact command the backend runs
+    explain.txt          why this plan, in words
+    logs/ checkpoints/ output/   written by the job
+
+plan.json is validated with pydantic on read: unknown keys, missing keys or another schema
+version are a one-line error telling the user to plan again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from launcher import __version__
+from launcher.errors import FtlaunchError
+
+SCHEMA_VERSION = 1
+PLAN_FILE = "plan.json"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class RunDirError(FtlaunchError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TrainingConfig(_Strict):
+    """How the worker trains: data, steps, checkpoints. Defaults make the demo run."""
+
+    data: str | None = None  # JSONL / JSON / parquet file or saved datasets dir; None = shipped demo set
+    tokenizer: str | None = None  # hub id / path; None = the byte-level tokenizer built locally
+    init: Literal["pretrained", "random"] = "pretrained"  # random: build from config (tests, demos)
+    max_steps: int = Field(50, ge=1, le=10_000_000)
+    lr: float = Field(2e-4, gt=0, lt=1)
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    save_every: int = Field(10, ge=1)
+    keep_last: int = Field(2, ge=1)
+    seed: int = 0
+    log_every: int = Field(1, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+
+
+class ModelEntry(_Strict):
+    name: str
+    source: str  # what the user passed: catalog name, hub id or path
+    hf_config: dict
+
+
+class RunFile(_Strict):
+    schema_version: int
+    ftlaunch_version: str
+    name: str
+    model: ModelEntry
+    spec: dict  # TrainSpec fields
+    cluster: dict
+    dp: int = Field(ge=1)
+    global_batch: int = Field(ge=1)
+    plan: dict  # memory breakdown and performance estimate
+    training: TrainingConfig
+    backend: dict
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise RunDirError(
+            f"run name {name[:40]!r} is not allowed: use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
+            if isinstance(name, str)
+            else "run name must be text"
+        )
+    return name
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def write_run_dir(root: Path, run: RunFile, files: dict[str, str], executable: tuple[str, ...] = ()) -> Path:
+    """Create `root/<name>` with plan.json and the given artifact files (name -> text)."""
+    check_name(run.name)
+    run_dir = Path(root) / run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for sub in ("logs", "checkpoints", "output"):
+        (run_dir / sub).mkdir(exist_ok=True)
+    for fname, text in files.items():
+        if "/" in fname or fname.startswith("."):
+            raise RunDirError(f"refusing to write {fname!r} outside the run directory")
+        write_atomic(run_dir / fname, text, 0o755 if fname in executable else 0o644)
+    write_atomic(run_dir / PLAN_FILE, json.dumps(run.model_dump(), indent=2, sort_keys=False) + "\n")
+    return run_dir
+
+
+def read_run_dir(run_dir: str | Path) -> RunFile:
+    """Load and validate plan.json; every problem is one line that says to plan again."""
+    path = Path(run_dir) / PLAN_FILE
+    if not path.is_file():
+        raise RunDirError(
+            f"{run_dir} is not a run directory (no {PLAN_FILE}); create one with `ftlaunch ... --dry-run`"
+        )
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunDirError(
+            f"{path} is not valid JSON ({type(exc).__name__}); plan again with --dry-run"
+        ) from None
+    if not isinstance(raw, dict):
+        raise RunDirError(f"{path} does not hold a JSON object; plan again with --dry-run")
+    version = raw.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise RunDirError(
+            f"{path} has schema version {version!r}, this ftlaunch {__version__} reads version {SCHEMA_VERSION}; "
+            "plan again with this version (`ftlaunch ... --dry-run`)"
+        )
+    try:
+        return RunFile.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise RunDirError(f"{path}: {where}: {first['msg']}; plan again with --dry-run") from None
+
+
+def new_run_file(**fields) -> RunFile:
+    return RunFile(schema_version=SCHEMA_VERSION, ftlaunch_version=__version__, **fields)

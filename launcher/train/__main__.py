@@ -1,0 +1,5 @@
+import sys
+
+from launcher.train.loop import main
+
+sys.exit(main())

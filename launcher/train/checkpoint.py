@@ -1,0 +1,79 @@
+"""Checkpoints that never corrupt: written under a temporary tag, renamed into place once every
+rank has finished (a rename is atomic), keep-last-K, resume from the newest complete one.
+
+A directory named step-NNNNNNNN under checkpoints/ is complete by construction; `.tmp-*`
+directories are unfinished saves (a crash mid-save) and are removed at the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+_TAG = re.compile(r"^step-(\d{8})$")
+
+
+def tag_for(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def complete(root: Path) -> list[tuple[int, Path]]:
+    out = []
+    if root.is_dir():
+        for d in root.iterdir():
+            m = _TAG.match(d.name)
+            if m and d.is_dir():
+                out.append((int(m.group(1)), d))
+    return sorted(out)
+
+
+def latest(root: Path) -> tuple[int, Path] | None:
+    found = complete(root)
+    return found[-1] if found else None
+
+
+def clean_partial(root: Path) -> None:
+    if root.is_dir():
+        for d in root.iterdir():
+            if d.name.startswith(".tmp-"):
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def save(
+    engine, root: Path, step: int, client_state: dict, rank_state: dict, keep_last: int, barrier
+) -> Path:
+    """Collective: every rank calls it. Returns the final checkpoint directory."""
+    tag = tag_for(step)
+    tmp = ".tmp-" + tag
+    engine.save_checkpoint(str(root), tag=tmp, client_state=client_state, save_latest=False)
+    tmp_dir = root / tmp
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    _write_json(tmp_dir / f"rank-{rank:05d}.json", rank_state)
+    barrier()
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0 and tmp_dir.exists():
+        # one rename per node: on a shared filesystem the first one wins, the rest find nothing
+        try:
+            if (root / tag).exists():
+                shutil.rmtree(root / tag)
+            os.replace(tmp_dir, root / tag)
+        except FileNotFoundError:
+            pass
+        for _, old in complete(root)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return root / tag
+
+
+def load_rank_state(ckpt: Path) -> dict | None:
+    path = ckpt / f"rank-{int(os.environ.get('RANK', '0')):05d}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)

@@ -1,0 +1,42 @@
+"""Final weights that load: the consolidated 16-bit model (ZeRO-3 gathered, never the empty
+placeholder) with its config and tokenizer, or the LoRA adapter; and the loss they give."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.spec import TrainSpec
+
+
+def evaluate(engine, batches, device) -> float:
+    """Loss on a fixed batch (step 0, micro-batch 0, rank 0's samples) in eval mode; collective."""
+    import torch
+
+    batch = {k: v.to(device) for k, v in batches.get(0, 0, 0).items()}
+    engine.eval()
+    with torch.no_grad():
+        loss = float(engine(**batch).loss.float())
+    engine.train()
+    return loss
+
+
+def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int) -> None:
+    """Collective: every rank calls it; rank 0 writes."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    if spec.trains_adapters:
+        import deepspeed
+
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        with deepspeed.zero.GatheredParameters(trainable, enabled=spec.zero_stage == 3):
+            if rank == 0:
+                model.save_pretrained(str(out))
+    else:
+        # gathers ZeRO-3 partitions and AutoTP shards (stage3_gather_16bit_weights_on_model_save)
+        engine.save_16bit_model(str(out), "pytorch_model.bin")
+        if rank == 0:
+            model.config.save_pretrained(str(out))
+    if rank == 0:
+        tokenizer.save_pretrained(str(out))
+    torch.distributed.barrier()

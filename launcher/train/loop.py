@@ -1,0 +1,203 @@
+"""The training loop every rank runs under DeepSpeed, driven only by the run directory.
+
+Step N always trains on the same samples (data.Batches), checkpoints are atomic (checkpoint.py),
+and a start resumes from the newest complete checkpoint with model, optimizer, scheduler, RNG
+and data position, so no step is lost or repeated. SIGTERM / SIGUSR1 (preemption) make every
+rank checkpoint at the next step boundary and exit with PREEMPTED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sys
+import time
+from pathlib import Path
+
+from launcher.rundir import read_run_dir
+from launcher.spec import TrainSpec
+from launcher.train import checkpoint as ckpt
+from launcher.train.data import Batches, read_records, tokenize
+from launcher.train.model import build_model, check_loadable
+from launcher.train.tokenizer import load_tokenizer
+
+PREEMPTED = 75  # EX_TEMPFAIL: checkpointed, run again to resume
+
+
+class _Stop:
+    requested = False
+
+    @classmethod
+    def handler(cls, signum, frame):
+        cls.requested = True
+
+
+def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float):
+    """Optimizers DeepSpeed does not build from its config; None means the config's AdamW."""
+    import torch
+
+    if spec.optimizer == "adamw":
+        return None
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
+    if spec.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
+    import bitsandbytes as bnb  # adamw-8bit
+
+    return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+
+
+def _rng_state() -> dict:
+    import torch
+
+    return {"python": repr(random.getstate()), "torch_seed": int(torch.initial_seed())}
+
+
+def _log(run_dir: Path, rank: int, record: dict) -> None:
+    if rank != 0:
+        return
+    with open(run_dir / "logs" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()]
+    print("[ftlaunch] " + " | ".join(parts), flush=True)
+
+
+def _peak_memory_gib() -> float:
+    import resource
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (host RSS)
+
+
+def train(run_dir: Path) -> int:
+    import deepspeed
+    import torch
+
+    run = read_run_dir(run_dir)
+    spec = TrainSpec(**run.spec)
+    cfg = run.training
+    ds_config = json.loads((run_dir / "ds_config.json").read_text())
+    has_gpu = torch.cuda.is_available()
+    check_loadable(spec, run.model.source, cfg.init, has_gpu)
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    if has_gpu:
+        torch.cuda.set_device(local_rank)
+    deepspeed.init_distributed(dist_backend="nccl" if has_gpu else "gloo", verbose=False)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dp = world // (spec.tp * spec.pp)
+    dp_rank = rank // spec.tp  # AutoTP groups are consecutive ranks
+    random.seed(cfg.seed + rank)
+    torch.manual_seed(cfg.seed)
+
+    tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
+    examples = tokenize(read_records(cfg.data), tokenizer, spec.seq_len, cfg.data or "the demo data set")
+    batches = Batches(examples, spec.micro_batch, spec.grad_accum, dp, cfg.seed, tokenizer.pad_token_id)
+
+    hf_ds = None
+    if spec.zero_stage == 3 and cfg.init == "pretrained":
+        from transformers.integrations import HfDeepSpeedConfig
+
+        hf_ds = HfDeepSpeedConfig(ds_config)  # noqa: F841  keeps zero.Init active for from_pretrained
+    model = build_model(run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = _client_optimizer(spec, params, cfg.lr, cfg.weight_decay)
+    warmup = cfg.warmup_steps
+
+    def schedule(opt):
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=params, config=ds_config, optimizer=optimizer, lr_scheduler=schedule
+    )
+    device = engine.device
+
+    root = run_dir / "checkpoints"
+    if rank == 0:
+        ckpt.clean_partial(root)
+    engine.barrier() if hasattr(engine, "barrier") else torch.distributed.barrier()
+    start = 0
+    found = ckpt.latest(root)
+    if found:
+        step, path = found
+        engine.load_checkpoint(str(root), tag=path.name, load_module_strict=False)
+        start = step
+        _log(run_dir, rank, {"event": "resumed", "step": step})
+
+    signal.signal(signal.SIGTERM, _Stop.handler)
+    signal.signal(signal.SIGUSR1, _Stop.handler)
+
+    def barrier():
+        torch.distributed.barrier()
+
+    def save(step: int) -> None:
+        ckpt.save(engine, root, step, {"step": step}, _rng_state(), cfg.keep_last, barrier)
+        _log(run_dir, rank, {"event": "checkpoint", "step": step})
+
+    for step in range(start, cfg.max_steps):
+        t0 = time.perf_counter()
+        losses, tokens = [], 0
+        for micro in range(spec.grad_accum):
+            batch = {k: v.to(device) for k, v in batches.get(step, micro, dp_rank).items()}
+            loss = engine(**batch).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.detach().float())
+            tokens += int(batch["attention_mask"].sum())
+        mean = torch.stack(losses).mean()
+        torch.distributed.all_reduce(mean)
+        stop = torch.tensor([1.0 if _Stop.requested else 0.0], device=device)
+        torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
+        elapsed = time.perf_counter() - t0
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps:
+            _log(
+                run_dir,
+                rank,
+                {
+                    "step": step + 1,
+                    "loss": round(float(mean) / world, 6),
+                    "lr": engine.get_lr()[0],
+                    "tokens_per_s": round(tokens * dp / elapsed, 1),
+                    "peak_mem_gib": round(_peak_memory_gib(), 3),
+                },
+            )
+        done = step + 1 == cfg.max_steps
+        if (step + 1) % cfg.save_every == 0 or done or stop.item():
+            save(step + 1)
+        if stop.item() and not done:
+            _log(run_dir, rank, {"event": "preempted", "step": step + 1})
+            return PREEMPTED
+
+    from launcher.train.export import evaluate, export_final
+
+    eval_loss = evaluate(engine, batches, device)
+    export_final(engine, model, tokenizer, spec, run_dir / "output" / "final", rank)
+    if rank == 0:
+        (run_dir / "output" / "final.json").write_text(
+            json.dumps({"steps": cfg.max_steps, "eval_loss": eval_loss})
+        )
+    _log(run_dir, rank, {"event": "finished", "eval_loss": round(eval_loss, 6)})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    from launcher.errors import FtlaunchError
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch/DeepSpeed deprecation noise per step
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m launcher.train RUN_DIR\n")
+        return 2
+    try:
+        return train(Path(argv[0]))
+    except FtlaunchError as exc:
+        sys.stderr.write(f"ftlaunch worker: error: {exc}\n")
+        return 2

@@ -1,0 +1,125 @@
+"""Model loading for the worker: pretrained weights (hub id / local path) or a model built from
+its config (catalog models in tests and demos), then the plan's method applied: LoRA / QLoRA via
+peft (+ bitsandbytes, GPU only), activation checkpointing, attention kernel, precision."""
+
+from __future__ import annotations
+
+from launcher.errors import FtlaunchError
+from launcher.spec import TrainSpec
+
+ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
+
+
+class ModelLoadError(FtlaunchError):
+    pass
+
+
+def torch_dtype(precision: str):
+    import torch
+
+    return {
+        "bf16": torch.bfloat16,
+        "bf16-pure": torch.bfloat16,
+        "fp16": torch.float16,
+        "fp32": torch.float32,
+    }[precision]
+
+
+def check_loadable(spec: TrainSpec, source: str, init: str, has_gpu: bool) -> None:
+    """Problems that must stop the job before any rank starts."""
+    if spec.method == "qlora" and not has_gpu:
+        raise ModelLoadError(
+            "QLoRA needs an NVIDIA GPU (bitsandbytes 4-bit kernels); use --method lora on a CPU"
+        )
+    if spec.attention == "flash" and not has_gpu:
+        raise ModelLoadError("--attention flash needs an NVIDIA GPU with flash-attn; use --attention sdpa")
+    if init == "pretrained":
+        from launcher.models.hf_config import load_hf_config
+
+        try:
+            load_hf_config(source)
+        except FtlaunchError as exc:
+            raise ModelLoadError(
+                f"cannot load model {source!r} offline: {exc}; pass a local path, or set training.init "
+                "to 'random' to train from the config alone"
+            ) from None
+
+
+def selective_checkpoint_context():
+    """Per-op selective checkpointing (torchtitan's policy): keep every other matmul output and
+    the attention outputs, recompute the element-wise ops."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    keep = {
+        torch.ops.aten._scaled_dot_product_flash_attention.default,
+        torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    }
+    counter = {"mm": 0}
+
+    def policy(ctx, op, *args, **kwargs):
+        if op in keep:
+            return CheckpointPolicy.MUST_SAVE
+        if op == torch.ops.aten.mm.default:
+            counter["mm"] += 1
+            return CheckpointPolicy.MUST_SAVE if counter["mm"] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def build_model(hf_config: dict, source: str, spec: TrainSpec, init: str, seed: int, lora_dropout: float):
+    import torch
+    import transformers
+
+    dtype = torch_dtype(spec.precision)
+    attn = ATTN[spec.attention] if hf_config.get("model_type") != "bloom" else "eager"
+    cfg = dict(hf_config)
+    model_type = cfg.pop("model_type")
+    if init == "random":
+        torch.manual_seed(seed)
+        config = transformers.AutoConfig.for_model(model_type, **cfg)
+        config._attn_implementation = attn
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        kwargs = {"dtype": dtype, "attn_implementation": attn}
+        if spec.method == "qlora":
+            kwargs["quantization_config"] = transformers.BitsAndBytesConfig(
+                load_in_4bit=spec.quant == "nf4",
+                load_in_8bit=spec.quant == "int8",
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=dtype,
+                bnb_4bit_quant_storage=dtype,
+            )
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"cannot load model {source!r}: {str(exc).splitlines()[0]}") from None
+    model.config.use_cache = False
+    if spec.grad_ckpt != "none":
+        kwargs = {"use_reentrant": False}
+        if spec.grad_ckpt == "selective":
+            kwargs["context_fn"] = selective_checkpoint_context
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if spec.trains_adapters:
+        import peft
+
+        if spec.method == "qlora":
+            model = peft.prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=spec.grad_ckpt != "none"
+            )
+        elif spec.grad_ckpt != "none":
+            model.enable_input_require_grads()
+        targets = spec.lora_target_list()
+        lora = peft.LoraConfig(
+            r=spec.lora_r,
+            lora_alpha=spec.lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules="all-linear" if "all-linear" in targets else targets,
+            task_type="CAUSAL_LM",
+        )
+        model = peft.get_peft_model(model, lora)
+        model = model.to(dtype)  # adapters in the compute dtype, as DeepSpeed casts them anyway
+    return model

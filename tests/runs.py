@@ -1,0 +1,62 @@
+"""Helpers for tests that write and run real run directories on the CPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.emit import artifacts
+from launcher.hardware import parse_gpus
+from launcher.memory.estimate import estimate
+from launcher.models.catalog import resolve_model
+from launcher.rundir import TrainingConfig
+from launcher.spec import TrainSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_run(
+    root: Path, name: str, spec: TrainSpec, model: str = "tiny-llama", gpus: str = "1x2xA100", **training
+):
+    arch = resolve_model(model)
+    cluster = parse_gpus(gpus)
+    dp = cluster.world_size // (spec.tp * spec.pp)
+    est = estimate(arch, spec, cluster)
+    training.setdefault("init", "random")
+    cfg = TrainingConfig(**training)
+    run = artifacts.run_file(
+        name,
+        arch,
+        model,
+        spec,
+        cluster,
+        dp,
+        spec.micro_batch * spec.grad_accum * dp,
+        {"estimate": est.to_dict()},
+        cfg,
+    )
+    run_dir, argv = artifacts.write(root, run, arch, spec, cluster, explain="test run\n")
+    return run_dir, argv
+
+
+def cpu_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def run_torchrun(argv: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=cpu_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def python() -> str:
+    return sys.executable
