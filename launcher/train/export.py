@@ -32,8 +32,15 @@ def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int
         with deepspeed.zero.GatheredParameters(trainable, enabled=spec.zero_stage == 3):
             if rank == 0:
                 model.save_pretrained(str(out))
+    elif spec.tp > 1:
+        # AutoTP: save_16bit_model would write this rank's shards; gather them across the TP
+        # group (DeepSpeed 0.19's consolidation, used by its universal checkpoints too)
+        state = engine._consolidated_16bit_state_dict()
+        if rank == 0:
+            torch.save(state, out / "pytorch_model.bin")
+            model.config.save_pretrained(str(out))
     else:
-        # gathers ZeRO-3 partitions and AutoTP shards (stage3_gather_16bit_weights_on_model_save)
+        # gathers ZeRO-3 partitions (stage3_gather_16bit_weights_on_model_save)
         engine.save_16bit_model(str(out), "pytorch_model.bin")
         if rank == 0:
             model.config.save_pretrained(str(out))
