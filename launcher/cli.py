@@ -14,6 +14,7 @@ from launcher.errors import FtlaunchError
 
 DESCRIPTION = """Plan, write and launch multi-GPU fine-tuning of large language models.
 
+  ftlaunch plan --model bloom-176b --gpus 8xA100                         the fastest plan that fits, and why
   ftlaunch estimate --model llama-3.1-8b --gpus 1xA100 --method lora   memory of one configuration
   ftlaunch models | gpus                                               what the catalogs hold
 """
@@ -28,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher.commands import catalogs, estimate
+    from launcher.commands import catalogs, estimate, jobs, plan
 
     parser = _Parser(
         prog="ftlaunch",
@@ -38,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ftlaunch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    plan.add_parser(sub)
     estimate.add_parser(sub)
     catalogs.add_parsers(sub)
+    jobs.add_parsers(sub)
     return parser
 
 

@@ -18,7 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_run(
-    root: Path, name: str, spec: TrainSpec, model: str = "tiny-llama", gpus: str = "1x2xA100", **training
+    root: Path,
+    name: str,
+    spec: TrainSpec,
+    model: str = "tiny-llama",
+    gpus: str = "1x2xA100",
+    max_restarts: int = 0,
+    **training,
 ):
     arch = resolve_model(model)
     cluster = parse_gpus(gpus)
@@ -36,6 +42,7 @@ def make_run(
         spec.micro_batch * spec.grad_accum * dp,
         {"estimate": est.to_dict()},
         cfg,
+        max_restarts=max_restarts,
     )
     run_dir, argv = artifacts.write(root, run, arch, spec, cluster, explain="test run\n")
     return run_dir, argv

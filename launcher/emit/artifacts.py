@@ -13,7 +13,16 @@ from launcher.rundir import RunFile, TrainingConfig, new_run_file, write_run_dir
 
 
 def run_file(
-    name, arch, source, spec, cluster, dp, global_batch, plan_dict, training: TrainingConfig
+    name,
+    arch,
+    source,
+    spec,
+    cluster,
+    dp,
+    global_batch,
+    plan_dict,
+    training: TrainingConfig,
+    max_restarts: int = 2,
 ) -> RunFile:
     return new_run_file(
         name=name,
@@ -29,7 +38,12 @@ def run_file(
         global_batch=global_batch,
         plan=plan_dict,
         training=training,
-        backend={"name": "torchrun", "nproc_per_node": cluster.gpus_per_node, "nnodes": cluster.nodes},
+        backend={
+            "name": "torchrun",
+            "nproc_per_node": cluster.gpus_per_node,
+            "nnodes": cluster.nodes,
+            "max_restarts": max_restarts,
+        },
     )
 
 
@@ -45,7 +59,9 @@ def write(
     }
     if spec.pp > 1:
         files["device_map.json"] = json.dumps(device_map(arch, spec, spec.pp).to_dict(), indent=2) + "\n"
-    argv = torchrun.command(run_dir, cluster.gpus_per_node, cluster.nodes)
+    argv = torchrun.command(
+        run_dir, cluster.gpus_per_node, cluster.nodes, max_restarts=run.backend.get("max_restarts", 0)
+    )
     files["launch.sh"] = torchrun.script(argv, env or {})
     write_run_dir(root, run, files, executable=("launch.sh",))
     return run_dir, argv

@@ -80,6 +80,9 @@ def train(run_dir: Path) -> int:
     import deepspeed
     import torch
 
+    # from the start: a preemption during loading is honoured at the first step boundary
+    signal.signal(signal.SIGTERM, _Stop.handler)
+    signal.signal(signal.SIGUSR1, _Stop.handler)
     run = read_run_dir(run_dir)
     spec = TrainSpec(**run.spec)
     cfg = run.training
@@ -87,9 +90,14 @@ def train(run_dir: Path) -> int:
     has_gpu = torch.cuda.is_available()
     check_loadable(spec, run.model.source, cfg.init, has_gpu)
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    pids = run_dir / "logs" / "pids"
+    pids.mkdir(parents=True, exist_ok=True)
+    (pids / f"rank-{rank}").write_text(f"{os.getpid()}\n")
     if has_gpu:
         torch.cuda.set_device(local_rank)
-    deepspeed.init_distributed(dist_backend="nccl" if has_gpu else "gloo", verbose=False)
+    from launcher.train.distributed import init as init_distributed
+
+    init_distributed("nccl" if has_gpu else "gloo")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dp = world // (spec.tp * spec.pp)
     dp_rank = rank // spec.tp  # AutoTP groups are consecutive ranks
@@ -129,9 +137,6 @@ def train(run_dir: Path) -> int:
         engine.load_checkpoint(str(root), tag=path.name, load_module_strict=False)
         start = step
         _log(run_dir, rank, {"event": "resumed", "step": step})
-
-    signal.signal(signal.SIGTERM, _Stop.handler)
-    signal.signal(signal.SIGUSR1, _Stop.handler)
 
     def barrier():
         torch.distributed.barrier()

@@ -1,0 +1,44 @@
+"""`python -m launcher.backends.supervise RUN_DIR`: runs the run directory's launch.sh, in its own
+session, and records how it ended in logs/exit_code (atomically), so that `ftlaunch status`
+knows the outcome even when the ftlaunch process that started the job is gone.
+
+SIGTERM / SIGINT to the supervisor are passed on to the job's process group; the supervisor
+itself keeps waiting so the exit code is always written.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    run_dir = Path(argv[0]).resolve()
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    with open(logs / "launcher.log", "ab", buffering=0) as log:
+        proc = subprocess.Popen(
+            ["bash", str(run_dir / "launch.sh")], stdout=log, stderr=subprocess.STDOUT, cwd=run_dir
+        )
+
+        def forward(signum, frame):
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        signal.signal(signal.SIGUSR1, forward)
+        code = proc.wait()
+    tmp = logs / ".exit_code.tmp"
+    tmp.write_text(f"{code}\n")
+    os.replace(tmp, logs / "exit_code")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
