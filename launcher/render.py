@@ -115,3 +115,30 @@ def print_estimate(arch, spec, cluster, est) -> None:
             f"NVMe / node     {gib(est.nvme_per_node):>8} GiB of {node.nvme_gib:,.0f} GiB "
             + ("" if nvme_ok else "[bold red]OVER[/]")
         )
+
+
+def secs(x: float) -> str:
+    """Seconds, three significant figures or so: '557.3', '6.17', '0.04', '4.7e-04'."""
+    return f"{x:,.1f}" if x >= 10 else f"{x:.2f}" if x >= 0.01 else f"{x:.1e}"
+
+
+def table(columns, rows, title: str | None = None, left=()):
+    """A borderless table: columns named in `left` align left, the others (numbers) right."""
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+    for col in columns:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def bullets(out, title: str, lines) -> None:
+    """A bold title and one '- ' line per item; nothing at all when there are no items."""
+    lines = list(lines)
+    if lines:
+        out.print()
+        out.print(f"[bold]{title}[/]")
+        for line in lines:
+            out.print(f"  - {line}")

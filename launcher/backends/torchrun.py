@@ -22,6 +22,8 @@ def command(
     max_restarts: int = 0,
     run_id: str = "ftlaunch",
     python: str | None = None,
+    is_host: bool | None = None,
+    local_addr: str | None = None,
 ) -> list[str]:
     python = python or sys.executable
     argv = [python, "-m", "torch.distributed.run"]
@@ -38,6 +40,12 @@ def command(
             "--rdzv-id",
             run_id,
         ]
+        if is_host is not None:
+            # which agent serves the rendezvous store; torchrun guesses it from the hostname,
+            # which containers and network namespaces can share
+            argv += ["--rdzv-conf", f"is_host={str(is_host).lower()}"]
+        if local_addr:
+            argv += ["--local-addr", local_addr]  # the address other nodes reach this one at
     argv += [
         "--nproc-per-node",
         str(nproc_per_node),

@@ -29,7 +29,7 @@ MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 SELECT_MAX_NODES = 32
 # After the smallest count that fits, this many further rungs of the ladder are planned too, and
 # a larger count is shown when it is cheaper per token (e.g. no offload needed any more).
-SELECT_EXTRA_RUNGS = 2
+SELECT_EXTRA_RUNGS = 3
 
 # --- Performance model ----------------------------------------------------------------------------
 

@@ -63,24 +63,17 @@ def rejection(family: str, spec: TrainSpec, est: Estimate, request: Request) -> 
         rest = sum(v for v, _ in parts[NAMED_COMPONENTS:])
         if rest > 0:
             named.append(f"{size(rest)} other")
-        gpu = request.cluster.gpu_memory_gib * GIB
-        reason = (
-            f"{family}: {' + '.join(named)} = {size(need)} per GPU > {size(cap)} budget "
-            f"({size(gpu)} less the {request.margin:.0%} margin), even at its smallest ({where})"
-        )
+        reason = f"{family}: {' + '.join(named)} = {size(need)} per GPU > {size(cap)} budget ({where})"
     else:
         what = "host RAM" if constraint == "host" else "NVMe"
-        detail = ""
-        if constraint == "host":
-            parts = sorted(((v, k) for k, v in est.host_components.items() if v > 0), key=lambda t: -t[0])
-            detail = " (" + " + ".join(f"{size(v)} {k.replace('_', ' ')}" for v, k in parts) + ")"
-        flag = "--cpu-memory" if constraint == "host" else "--nvme"
-        reason = (
-            f"{family}: {size(need)} {what} per node{detail} > {size(cap)} available "
-            f"(the GPU side fits at {size(est.gpu_total)}; {flag} sets what a node has)"
-            if "gpu" not in broken
-            else f"{family}: {size(need)} {what} per node{detail} > {size(cap)} available"
+        comps = est.host_components if constraint == "host" else {}
+        parts = sorted(((v, k) for k, v in comps.items() if v > 0), key=lambda t: -t[0])
+        detail = (
+            " (" + " + ".join(f"{size(v)} {k.replace('_', ' ')}" for v, k in parts) + ")" if parts else ""
         )
+        reason = f"{family}: {size(need)} {what} per node{detail} > {size(cap)} available"
+        if "gpu" not in broken:
+            reason += f"; its GPU side fits ({size(est.gpu_total)}, {where})"
     return Rejection(family, constraint, need, cap, reason, where)
 
 
@@ -90,7 +83,7 @@ def _slower_because(winner: Plan, other: Plan) -> str:
     key = max(extra, key=lambda k: extra[k])
     if ratio <= 1.0 + 1e-9:
         return "as fast; the chosen plan has fewer moving parts (lower stage, less offload, smaller TP/PP)"
-    reason = f"{ratio:.2f}x the tokens/s"
+    reason = f"{(ratio - 1) * 100:.2g} % more tokens/s" if ratio < 1.1 else f"{ratio:.2f}x the tokens/s"
     if extra[key] > 0:
         reason += f"; it spends {extra[key]:.3g} s more per step on {key.replace('_', ' ')}"
         reason += f" ({other.perf.breakdown[key]:.3g} s vs {winner.perf.breakdown.get(key, 0.0):.3g} s)"

@@ -147,13 +147,16 @@ class Plan:
         }
 
 
+DEVICE = {"cpu": "CPU", "nvme": "NVMe"}
+
+
 def sharding_label(spec: TrainSpec) -> str:
     """'ZeRO-2', 'ZeRO-3 + offload optimizer->CPU, params->NVMe', ..."""
-    parts = []
-    if spec.offload_optimizer != "none":
-        parts.append(f"optimizer->{spec.offload_optimizer.upper()}")
-    if spec.offload_params != "none":
-        parts.append(f"params->{spec.offload_params.upper()}")
+    parts = [
+        f"{what}->{DEVICE[where]}"
+        for what, where in (("optimizer", spec.offload_optimizer), ("params", spec.offload_params))
+        if where != "none"
+    ]
     return f"ZeRO-{spec.zero_stage}" + (f" + offload {', '.join(parts)}" if parts else "")
 
 
@@ -207,7 +210,7 @@ class PlanResult:
     rejected: tuple[Rejection, ...]
     candidates: int  # configurations in the search space
     evaluated: int  # memory estimates computed (lower-bound checks included)
-    pruned: int  # candidates never estimated: provably over the budget
+    pruned: int  # candidates never estimated: provably over budget (or, modes best/first, not needed)
     global_batch: int | None
     notes: tuple[str, ...] = ()
     near_misses: tuple[tuple[TrainSpec, Estimate], ...] = field(default=(), compare=False, repr=False)

@@ -5,15 +5,21 @@ the margin) and its host RAM and NVMe per node are within the node's. Feasible p
 by estimated tokens/s; ties go to fewer moving parts (lower ZeRO stage, less offload, smaller TP,
 smaller PP, less recompute, smaller micro-batch), so the order is total and deterministic.
 
-Pruning (only what provably cannot fit, never what merely seems slow): within a group (same
-sharding, TP, PP, recompute) candidates are walked from the smallest micro-batch up.
+Pruning (only what provably cannot fit or cannot win, never what merely seems slow). Within a
+group (same sharding, TP, PP, recompute) candidates differ in micro-batch only:
   * Host RAM and NVMe do not depend on the micro-batch or the accumulation, so once they are
-    over, every larger micro-batch is over too.
+    over, every micro-batch of the group is over too.
   * The GPU total with accumulation 1 is a lower bound for the same micro-batch at any
     accumulation (accumulation only adds persistent gradient buffers and, with PP, micro-batches
     in flight), and it grows with the micro-batch (every activation term is linear in it). When
     that bound is over the budget, no larger micro-batch of the group can fit.
-    tests/test_planner_search.py checks both properties on a grid.
+    tests/test_planner_search.py checks both properties on a grid, and the pruned search
+    against an exhaustive one.
+Modes: "all" walks each group from the smallest micro-batch up and ranks every feasible plan;
+"best" drops every group whose lower bound (smallest micro-batch, accumulation 1) is over, orders
+the remaining candidates by their performance estimate and estimates memory in that order until
+one fits: everything after it ranks lower, so it is the best plan "all" would give (tested), for
+less work; "first" stops at any feasible plan (an existence check for advice and selection).
 """
 
 from __future__ import annotations
@@ -21,21 +27,27 @@ from __future__ import annotations
 from launcher.memory.constants import GIB
 from launcher.memory.estimate import Estimate, estimate
 from launcher.planner import explain, space
-from launcher.planner.perf import performance
-from launcher.planner.plans import Plan, PlanResult, Rejection, Request, sharding_label
+from launcher.planner.perf import Perf, performance
+from launcher.planner.plans import Plan, PlanResult, Request, sharding_label
 from launcher.spec import TrainSpec
+
+MODES = ("all", "best", "first")
+
+
+def order_key(spec: TrainSpec, perf: Perf) -> tuple:
+    """Faster first; at equal speed, fewer moving parts."""
+    return (
+        -perf.tokens_per_s,
+        space.SHARDING_RANK[(spec.zero_stage, spec.offload_optimizer, spec.offload_params)],
+        spec.tp,
+        spec.pp,
+        space.CKPT_RANK[spec.grad_ckpt],
+        spec.micro_batch,
+    )
 
 
 def rank_key(plan: Plan) -> tuple:
-    s = plan.spec
-    return (
-        -plan.perf.tokens_per_s,
-        space.SHARDING_RANK[(s.zero_stage, s.offload_optimizer, s.offload_params)],
-        s.tp,
-        s.pp,
-        space.CKPT_RANK[s.grad_ckpt],
-        s.micro_batch,
-    )
+    return order_key(plan.spec, plan.perf)
 
 
 def _families(spec: TrainSpec) -> tuple[str, ...]:
@@ -43,77 +55,132 @@ def _families(spec: TrainSpec) -> tuple[str, ...]:
     return out + (f"PP {spec.pp}",) if spec.pp > 1 else out
 
 
+_SHARDING_ORDER = {
+    sharding_label(TrainSpec(zero_stage=z, offload_optimizer=o, offload_params=p)): i
+    for i, (z, o, p) in enumerate(space.SHARDINGS)
+}
+
+
 def _family_order(family: str) -> tuple:
-    for i, s in enumerate(space.SHARDINGS):
-        if family == sharding_label(TrainSpec(zero_stage=s[0], offload_optimizer=s[1], offload_params=s[2])):
-            return (0, i)
+    """Sharding families in SHARDINGS order, then TP degrees, then PP degrees."""
+    if family in _SHARDING_ORDER:
+        return (0, _SHARDING_ORDER[family])
     kind, degree = family.split()
     return (1 if kind == "TP" else 2, int(degree))
 
 
-def plan(request: Request, *, first_fit: bool = False) -> PlanResult:
-    """Search the whole space of `request`. With first_fit, stop at the first feasible plan (an
-    existence check for hardware selection and advice)."""
-    base, notes = space.effective_base(request)
-    arch, cluster = request.arch, request.cluster
-    budget = request.budget
-    host_cap = cluster.node.cpu_memory_gib * GIB
-    nvme_cap = cluster.node.nvme_gib * GIB
+class _Search:
+    """The verdicts of one search, and the bookkeeping every mode shares."""
 
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.base, self.notes = space.effective_base(request)
+        node = request.cluster.node
+        self.host_cap = node.cpu_memory_gib * GIB
+        self.nvme_cap = node.nvme_gib * GIB
+        self.groups = list(space.groups(request, self.base))
+        self.candidates = sum(len(g.batches) for g in self.groups)
+        if self.candidates == 0:
+            raise space.unreachable_batch_error(request)
+        self.evaluated = 0  # memory estimates, lower-bound checks included
+        self.visited = 0  # candidates whose memory was estimated
+        self.closest: dict[str, tuple[float, TrainSpec, Estimate]] = {}
+        self.near: list[tuple[TrainSpec, Estimate]] = []
+
+    def verdict(self, spec: TrainSpec, accum: int) -> tuple[Estimate | None, int | None]:
+        """(the estimate if it fits, else None; the micro-batch index from which the group is
+        provably over: 0 = the whole group, 1 = from the next one, None = not known)."""
+        arch, cluster, budget = self.request.arch, self.request.cluster, self.request.budget
+        est = estimate(arch, spec, cluster)
+        self.evaluated += 1
+        self.visited += 1
+        gpu_ok = est.gpu_total <= budget
+        if gpu_ok and est.host_per_node <= self.host_cap and est.nvme_per_node <= self.nvme_cap:
+            return est, None
+        score = explain.pressure(est, self.request)
+        for fam in _families(spec):
+            if fam not in self.closest or score < self.closest[fam][0]:
+                self.closest[fam] = (score, spec, est)
+        if gpu_ok:  # host RAM or NVMe over: the same for every micro-batch of this group
+            self.near.append((spec, est))
+            return None, 0
+        if accum == 1:
+            return None, 1  # this estimate is its own lower bound
+        self.evaluated += 1
+        over = estimate(arch, spec.with_(grad_accum=1), cluster).gpu_total > budget
+        return None, 1 if over else None
+
+    def result(self, plans: list[Plan], complete: bool = True) -> PlanResult:
+        """The result; rejected families only for a complete search (the others saw too little)."""
+        ranked = tuple(sorted(plans, key=rank_key))
+        fits = {fam for p in ranked for fam in _families(p.spec)}
+        rejected = [
+            explain.rejection(fam, spec, est, self.request)
+            for fam, (_, spec, est) in sorted(self.closest.items(), key=lambda kv: _family_order(kv[0]))
+            if complete and fam not in fits
+        ]
+        return PlanResult(
+            request=self.request,
+            ranked=ranked,
+            rejected=tuple(rejected),
+            candidates=self.candidates,
+            evaluated=self.evaluated,
+            pruned=self.candidates - self.visited,
+            global_batch=self.request.resolved_global_batch(),
+            notes=self.notes,
+            near_misses=tuple(self.near),
+        )
+
+
+def plan(request: Request, *, mode: str = "all") -> PlanResult:
+    """Search the space of `request`: every feasible plan ranked ("all"), the best plan only
+    ("best"), or any one feasible plan ("first"); see the module docstring."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    s = _Search(request)
+    arch, cluster, budget = request.arch, request.cluster, request.budget
+    if mode == "best":
+        return _best(s)
     plans: list[Plan] = []
-    closest: dict[str, tuple[float, TrainSpec, Estimate]] = {}
-    near: list[tuple[TrainSpec, Estimate]] = []
-    candidates = evaluated = pruned = 0
-    for group in space.groups(request, base):
-        candidates += len(group.batches)
-        for i, (micro, accum, gb) in enumerate(group.batches):
+    for group in s.groups:
+        for micro, accum, gb in group.batches:
             spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
-            est = estimate(arch, spec, cluster)
-            evaluated += 1
-            gpu_ok = est.gpu_total <= budget
-            side_ok = est.host_per_node <= host_cap and est.nvme_per_node <= nvme_cap
-            if gpu_ok and side_ok:
+            est, over_from = s.verdict(spec, accum)
+            if est is not None:
                 perf = performance(arch, spec, cluster, group.dp)
                 plans.append(Plan(arch, cluster, spec, group.dp, gb, est, perf, budget))
-                if first_fit:
-                    return _result(request, plans, {}, near, candidates, evaluated, pruned, notes)
-                continue
-            score = explain.pressure(est, request)
-            for fam in _families(spec):
-                if fam not in closest or score < closest[fam][0]:
-                    closest[fam] = (score, spec, est)
-            if gpu_ok:  # host RAM or NVMe over: the same for every micro-batch of this group
-                near.append((spec, est))
-                stop = True
-            elif accum == 1:
-                stop = True  # this estimate is its own lower bound
-            else:
-                evaluated += 1
-                stop = estimate(arch, spec.with_(grad_accum=1), cluster).gpu_total > budget
-            if stop:
-                pruned += len(group.batches) - i - 1
-                break
-    if candidates == 0:
-        raise space.unreachable_batch_error(request)
-    return _result(request, plans, closest, near, candidates, evaluated, pruned, notes)
+                if mode == "first":
+                    return s.result(plans, complete=False)
+            elif over_from is not None:
+                break  # walking up from the smallest micro-batch: the rest of the group is over
+    return s.result(plans)
 
 
-def _result(request, plans, closest, near, candidates, evaluated, pruned, notes) -> PlanResult:
-    ranked = tuple(sorted(plans, key=rank_key))
-    fits = {fam for p in ranked for fam in _families(p.spec)}
-    rejected: list[Rejection] = [
-        explain.rejection(fam, spec, est, request)
-        for fam, (_, spec, est) in sorted(closest.items(), key=lambda kv: _family_order(kv[0]))
-        if fam not in fits
-    ]
-    return PlanResult(
-        request=request,
-        ranked=ranked,
-        rejected=tuple(rejected),
-        candidates=candidates,
-        evaluated=evaluated,
-        pruned=pruned,
-        global_batch=request.resolved_global_batch(),
-        notes=notes,
-        near_misses=tuple(near),
-    )
+def _best(s: _Search) -> PlanResult:
+    request = s.request
+    arch, cluster, budget = request.arch, request.cluster, request.budget
+    ordered = []
+    for g, group in enumerate(s.groups):
+        # the smallest micro-batch at accumulation 1 bounds every member of the group from below
+        # (GPU), and host RAM / NVMe are the same for all of them: one estimate may close it
+        floor = estimate(arch, group.spec.with_(micro_batch=group.batches[0][0], grad_accum=1), cluster)
+        s.evaluated += 1
+        if floor.gpu_total > budget or floor.host_per_node > s.host_cap or floor.nvme_per_node > s.nvme_cap:
+            continue
+        for i, (micro, accum, gb) in enumerate(group.batches):
+            spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
+            perf = performance(arch, spec, cluster, group.dp)
+            ordered.append((order_key(spec, perf), g, i, spec, perf, gb))
+    ordered.sort(key=lambda c: c[0])
+    over: dict[int, int] = {}  # group -> the micro-batch index from which it is provably over
+    for _, g, i, spec, perf, gb in ordered:
+        if over.get(g, i + 1) <= i:
+            continue
+        est, over_from = s.verdict(spec, spec.grad_accum)
+        if est is not None:  # the first feasible in rank order: everything after ranks lower
+            best = Plan(arch, cluster, spec, s.groups[g].dp, gb, est, perf, budget)
+            return s.result([best], complete=False)
+        if over_from is not None:
+            start = 0 if over_from == 0 else i + 1
+            over[g] = min(over.get(g, start), start)
+    return s.result([], complete=False)

@@ -135,7 +135,16 @@ def _pinned_spec(request: Request, base: TrainSpec) -> None:
     if "zero_stage" not in pins:
         needs3 = pins.get("offload_params", "none") != "none" or pins.get("offload_optimizer") == "nvme"
         pins["zero_stage"] = 3 if needs3 else 1 if pins.get("offload_optimizer", "none") != "none" else 0
-    why = autotp_conflict(base.with_(**pins))
+    try:
+        spec = base.with_(**pins)
+    except InvalidSpecError as err:
+        if "zero_stage" in request.pinned:
+            raise
+        given = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in request.pins)
+        raise InvalidSpecError(
+            f"{given} cannot be combined (ZeRO-{pins['zero_stage']} needed): {err}"
+        ) from None
+    why = autotp_conflict(spec)
     if why is not None:
         raise InvalidSpecError(
             f"--tp {pins['tp']} with this configuration: {why}; drop --tp or change the rest"

@@ -47,3 +47,20 @@ def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int
     if rank == 0:
         tokenizer.save_pretrained(str(out))
     torch.distributed.barrier()
+
+
+def weights_digest(model, spec: TrainSpec) -> str | None:
+    """sha256 over every (gathered) parameter: equal on all ranks when they agree on the weights.
+    Collective under ZeRO-3. None under AutoTP (each rank holds different shards)."""
+    import hashlib
+
+    import deepspeed
+
+    if spec.tp > 1:
+        return None
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], enabled=spec.zero_stage == 3):
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()

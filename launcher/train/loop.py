@@ -179,8 +179,11 @@ def train(run_dir: Path) -> int:
             _log(run_dir, rank, {"event": "preempted", "step": step + 1})
             return PREEMPTED
 
-    from launcher.train.export import evaluate, export_final
+    from launcher.train.export import evaluate, export_final, weights_digest
 
+    digest = weights_digest(model, spec)
+    if digest:
+        (run_dir / "logs" / f"weights-rank-{rank}.sha256").write_text(digest + "\n")
     eval_loss = evaluate(engine, batches, device)
     export_final(engine, model, tokenizer, spec, run_dir / "output" / "final", rank)
     if rank == 0:

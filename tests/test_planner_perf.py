@@ -1,0 +1,102 @@
+"""The performance model: each term against its formula, and the directions that must hold."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.hardware import parse_gpus
+from launcher.models.catalog import resolve_model
+from launcher.planner import constants as C
+from launcher.planner.perf import TERMS, dp_bandwidth, peak_flops, performance
+from launcher.spec import TrainSpec
+
+LLAMA = resolve_model("llama-3.1-8b")
+A100x8 = parse_gpus("8xA100")
+
+
+def perf(spec: TrainSpec, cluster=A100x8, arch=LLAMA):
+    dp = cluster.world_size // (spec.tp * spec.pp)
+    return performance(arch, spec, cluster, dp)
+
+
+def test_breakdown_sums_to_step_time_and_gives_tokens_per_s():
+    spec = TrainSpec(zero_stage=3, micro_batch=2, grad_accum=4, grad_ckpt="full", offload_optimizer="cpu")
+    p = perf(spec)
+    assert set(p.breakdown) == set(TERMS)
+    assert sum(p.breakdown.values()) == pytest.approx(p.step_time_s)
+    assert p.tokens_per_s == pytest.approx(2 * 2048 * 8 * 4 / p.step_time_s)
+    assert 0 < p.mfu < C.MATMUL_EFFICIENCY
+
+
+def test_full_fine_tuning_compute_is_six_n_per_token():
+    spec = TrainSpec(grad_accum=4)
+    p = perf(spec)
+    tokens_per_gpu = 2048 * 4
+    six_n = 6 * LLAMA.active_params_per_token * tokens_per_gpu / (312e12 * C.MATMUL_EFFICIENCY)
+    # 6N less the embedding lookup (no matmul), plus causal attention: within 10 %
+    assert p.breakdown["compute"] == pytest.approx(six_n, rel=0.10)
+
+
+def test_lora_skips_weight_gradients_and_recompute_adds_a_forward():
+    full = perf(TrainSpec(grad_accum=4)).breakdown
+    lora = perf(TrainSpec(method="lora", grad_accum=4)).breakdown
+    assert lora["compute"] == pytest.approx(full["compute"] * 2 / 3, rel=0.05)
+    ckpt_full = perf(TrainSpec(grad_accum=4, grad_ckpt="full")).breakdown
+    ckpt_sel = perf(TrainSpec(grad_accum=4, grad_ckpt="selective")).breakdown
+    assert full["recompute"] == 0
+    assert ckpt_full["recompute"] == pytest.approx(full["compute"] / 3, rel=0.10)
+    assert 0 < ckpt_sel["recompute"] < ckpt_full["recompute"]
+
+
+def test_qlora_pays_dequantisation_lora_does_not():
+    assert perf(TrainSpec(method="qlora", grad_accum=4)).breakdown["dequant"] > 0
+    assert perf(TrainSpec(method="lora", grad_accum=4)).breakdown["dequant"] == 0
+
+
+def test_fp32_runs_at_the_non_tensor_core_rate():
+    bf16 = perf(TrainSpec(grad_accum=4)).breakdown["compute"]
+    fp32 = perf(TrainSpec(grad_accum=4, precision="fp32")).breakdown["compute"]
+    assert fp32 / bf16 == pytest.approx(312 / 19.5)
+    gpu = parse_gpus("1xA100", gpu_memory_gib=40).gpu
+    assert peak_flops(gpu, "fp32") == 19.5e12  # the table is keyed by name, not by memory
+
+
+def test_tensor_parallel_all_reduces_only_when_tp_is_above_one():
+    assert perf(TrainSpec(grad_accum=4)).breakdown["tp_comm"] == 0
+    tp2 = perf(TrainSpec(grad_accum=4, tp=2)).breakdown
+    tokens, hidden = 2048, LLAMA.hidden
+    per_mb = LLAMA.layers * 4 * 2 * (1 / 2) * tokens * hidden * 2 / 300e9
+    assert tp2["tp_comm"] == pytest.approx(4 * per_mb)
+
+
+def test_pipeline_bubble_is_pp_minus_one_slots():
+    spec = TrainSpec(pp=4, grad_accum=8, zero_stage=1)
+    p = perf(spec)
+    per_step = p.breakdown["zero_comm"] + p.breakdown["optimizer"] + p.breakdown["offload"]
+    slots = p.step_time_s - per_step
+    assert p.breakdown["pp_bubble"] == pytest.approx(slots * 3 / (8 + 3))
+
+
+def test_zero3_moves_more_than_zero2_and_offload_to_nvme_is_slowest():
+    z2 = perf(TrainSpec(zero_stage=2, grad_accum=4)).breakdown["zero_comm"]
+    z3 = perf(TrainSpec(zero_stage=3, grad_accum=4)).breakdown["zero_comm"]
+    assert z3 > z2 > 0
+    cpu = perf(TrainSpec(zero_stage=3, offload_optimizer="cpu", grad_accum=4))
+    nvme = perf(TrainSpec(zero_stage=3, offload_optimizer="nvme", offload_params="nvme", grad_accum=4))
+    assert nvme.breakdown["offload"] > cpu.breakdown["offload"] > 0
+    assert nvme.tokens_per_s < cpu.tokens_per_s
+
+
+def test_data_parallel_bandwidth_inside_and_across_nodes():
+    one = parse_gpus("8xA100")
+    two = parse_gpus("2x8xA100")
+    assert dp_bandwidth(one, 1, 8) == 300e9  # NVLink
+    assert dp_bandwidth(two, 1, 16) == 200e9  # the node's 8 NICs
+    assert dp_bandwidth(two, 8, 2) == 25e9  # one rank per node: one NIC's share
+    assert dp_bandwidth(two, 2, 8) == 100e9
+
+
+def test_more_gpus_in_data_parallel_means_less_time_per_step():
+    small = perf(TrainSpec(zero_stage=2, grad_accum=8), parse_gpus("4xA100"))
+    large = perf(TrainSpec(zero_stage=2, grad_accum=4), A100x8)
+    assert large.step_time_s < small.step_time_s

@@ -1,0 +1,196 @@
+"""The search: feasibility, ranking and pruning, on a grid of real catalog models and clusters.
+
+Grid (>= 200 cases of model x GPUs x method x sequence): every plan called feasible is within
+the budget, the chosen plan is the best-ranked feasible one, and removing the margin never
+makes a feasible case infeasible. The pruning is checked against an exhaustive search.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from launcher.hardware import parse_gpus
+from launcher.memory.constants import GIB
+from launcher.memory.estimate import estimate
+from launcher.models.catalog import resolve_model
+from launcher.planner import space
+from launcher.planner.plans import Request
+from launcher.planner.search import plan, rank_key
+from launcher.spec import TrainSpec
+
+MODELS = ["tiny-llama", "gpt2", "qwen2.5-0.5b", "llama-3.2-1b", "llama-3.1-8b", "mixtral-8x7b"]
+MODELS += ["falcon-40b", "llama-2-70b", "bloom-176b"]
+CLUSTERS = ["1xA100", "8xA100-40GB", "4xRTX4090", "2x8xH100"]
+METHODS = ["full", "lora", "qlora"]
+SEQS = [512, 4096]
+GRID = list(itertools.product(MODELS, CLUSTERS, METHODS, SEQS))
+
+
+def test_grid_is_large_enough():
+    assert len(GRID) >= 200
+
+
+@pytest.mark.parametrize(("model", "gpus", "method", "seq"), GRID)
+def test_feasible_plans_are_within_budget_and_ranked(model, gpus, method, seq):
+    cluster = parse_gpus(gpus)
+    request = Request(resolve_model(model), cluster, TrainSpec(method=method, seq_len=seq))
+    result = plan(request)
+    budget = cluster.gpu_memory_gib * GIB * (1 - request.margin)
+    for p in result.ranked:
+        assert p.estimate.gpu_total <= budget
+        assert p.estimate.host_per_node <= cluster.node.cpu_memory_gib * GIB
+        assert p.estimate.nvme_per_node <= cluster.node.nvme_gib * GIB
+        assert p.dp * p.spec.tp * p.spec.pp == cluster.world_size
+        assert p.global_batch == p.spec.micro_batch * p.dp * p.spec.grad_accum == result.global_batch
+    assert list(result.ranked) == sorted(result.ranked, key=rank_key)
+    if result.ranked:
+        assert result.best is result.ranked[0]
+        assert result.best.perf.tokens_per_s == max(p.perf.tokens_per_s for p in result.ranked)
+        assert not any(r.family == result.best.family for r in result.rejected)
+        # no margin: what fitted still fits (speed: tests/test_planner_properties.py)
+        assert plan(request.with_(margin=0.0), mode="first").ranked
+    else:
+        assert result.rejected, "an empty result must say why"
+    assert result.evaluated >= result.candidates - result.pruned
+
+
+@pytest.mark.parametrize(("model", "gpus", "method", "seq"), GRID[::3])
+def test_best_mode_finds_the_same_best_plan(model, gpus, method, seq):
+    request = Request(resolve_model(model), parse_gpus(gpus), TrainSpec(method=method, seq_len=seq))
+    full, best = plan(request), plan(request, mode="best")
+    assert best.candidates == full.candidates
+    if full.best is None:
+        assert best.best is None
+    else:
+        assert (best.best.spec, best.best.perf, best.best.estimate) == (
+            full.best.spec,
+            full.best.perf,
+            full.best.estimate,
+        )
+
+
+def _exhaustive(request: Request) -> set[TrainSpec]:
+    """Every feasible candidate, estimating all of them (no pruning)."""
+    base, _ = space.effective_base(request)
+    node = request.cluster.node
+    out = set()
+    for group in space.groups(request, base):
+        for micro, accum, _ in group.batches:
+            spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
+            est = estimate(request.arch, spec, request.cluster)
+            if (
+                est.gpu_total <= request.budget
+                and est.host_per_node <= node.cpu_memory_gib * GIB
+                and est.nvme_per_node <= node.nvme_gib * GIB
+            ):
+                out.add(spec)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "method", "seq", "global_batch"),
+    [
+        ("bloom-176b", "8xA100", "full", 2048, None),
+        ("bloom-176b", "8xA100", "lora", 2048, 1024),
+        ("llama-2-70b", "2x8xA100-40GB", "full", 4096, 512),
+        ("llama-3.1-8b", "1xRTX4090", "qlora", 8192, 64),
+        ("mixtral-8x7b", "4xL40S", "lora", 2048, 256),
+        ("llama-3.1-8b", "8xA100-40GB", "full", 16384, 256),
+    ],
+)
+def test_pruning_loses_no_feasible_plan(model, gpus, method, seq, global_batch):
+    request = Request(
+        resolve_model(model),
+        parse_gpus(gpus),
+        TrainSpec(method=method, seq_len=seq),
+        global_batch=global_batch,
+    )
+    result = plan(request)
+    assert {p.spec for p in result.ranked} == _exhaustive(request)
+    assert result.pruned > 0
+
+
+def test_lower_bound_behind_the_pruning():
+    """GPU total at accumulation 1 <= at any accumulation, and grows with the micro-batch; host
+    RAM and NVMe do not depend on either (what search.py's pruning relies on)."""
+    cluster = parse_gpus("2x8xA100")
+    for model in ("llama-3.1-8b", "bloom-7b1", "mixtral-8x7b"):
+        arch = resolve_model(model)
+        for stage, opt, params in space.SHARDINGS:
+            for pp, ckpt, method in itertools.product((1, 2, 4), ("none", "selective", "full"), METHODS):
+                if pp > 1 and stage >= 2:
+                    continue
+                base = TrainSpec(
+                    method=method,
+                    zero_stage=stage,
+                    offload_optimizer=opt,
+                    offload_params=params,
+                    pp=pp,
+                    grad_ckpt=ckpt,
+                )
+                prev = None
+                for micro in (1, 2, 4, 8):
+                    low = estimate(arch, base.with_(micro_batch=micro), cluster)
+                    for accum in (2, 3, 8):
+                        est = estimate(arch, base.with_(micro_batch=micro, grad_accum=accum), cluster)
+                        assert low.gpu_total <= est.gpu_total
+                        assert (est.host_per_node, est.nvme_per_node) == (
+                            low.host_per_node,
+                            low.nvme_per_node,
+                        )
+                    if prev is not None:
+                        assert prev.gpu_total <= low.gpu_total
+                        assert (prev.host_per_node, prev.nvme_per_node) == (
+                            low.host_per_node,
+                            low.nvme_per_node,
+                        )
+                    prev = low
+
+
+def test_pins_restrict_the_search():
+    request = Request(
+        resolve_model("llama-3.1-8b"),
+        parse_gpus("8xA100"),
+        TrainSpec(),
+        pins=(("zero_stage", 2), ("grad_ckpt", "full"), ("micro_batch", 2)),
+    )
+    result = plan(request)
+    assert result.ranked
+    assert {(p.spec.zero_stage, p.spec.grad_ckpt, p.spec.micro_batch) for p in result.ranked} == {
+        (2, "full", 2)
+    }
+
+
+def test_pinned_accumulation_without_global_batch():
+    request = Request(resolve_model("llama-3.2-1b"), parse_gpus("4xA100"), pins=(("grad_accum", 3),))
+    result = plan(request)
+    assert result.global_batch is None and result.ranked
+    for p in result.ranked:
+        assert p.spec.grad_accum == 3 and p.global_batch == p.spec.micro_batch * p.dp * 3
+
+
+def test_tensor_parallel_divides_heads_stays_in_node_and_avoids_autotp_gaps():
+    for model, gpus in (("bloom-176b", "2x8xA100"), ("llama-3.1-8b", "8xA100"), ("falcon-40b", "8xA100")):
+        arch = resolve_model(model)
+        request = Request(arch, parse_gpus(gpus), TrainSpec(method="lora"), margin=0.0)
+        for p in plan(request).ranked:
+            s = p.spec
+            assert arch.heads % s.tp == 0 and arch.kv_heads % s.tp == 0 and s.tp <= 8
+            assert s.tp == 1 or (s.zero_stage <= 2 and s.pp == 1)
+            assert s.pp == 1 or s.zero_stage <= 1
+            assert space.sensible_pp(arch.layers, s.pp)
+
+
+def test_default_global_batch_is_the_same_for_every_plan():
+    request = Request(resolve_model("llama-3.1-8b"), parse_gpus("6xA100"))
+    result = plan(request)
+    assert result.global_batch == 132  # 128 sequences of 2048 tokens, rounded up to a multiple of 6
+    assert {p.global_batch for p in result.ranked} == {132}
+
+
+def test_no_gpu_with_bf16_plans_fp16():
+    result = plan(Request(resolve_model("llama-3.2-1b"), parse_gpus("4xV100")))
+    assert result.ranked and all(p.spec.precision == "fp16" for p in result.ranked)
+    assert any("fp16" in n for n in result.notes)
