@@ -14,6 +14,8 @@ from launcher.errors import FtlaunchError
 
 DESCRIPTION = """Plan, write and launch multi-GPU fine-tuning of large language models.
 
+  ftlaunch --model llama-3.1-8b --gpus 8xH100 --method lora [--dry-run]   plan, write runs/NAME/, start it
+  ftlaunch status | logs -f | cancel RUN                               watch a job
   ftlaunch plan --model bloom-176b --gpus 8xA100                         the fastest plan that fits, and why
   ftlaunch estimate --model llama-3.1-8b --gpus 1xA100 --method lora   memory of one configuration
   ftlaunch models | gpus                                               what the catalogs hold
@@ -29,7 +31,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher.commands import catalogs, estimate, jobs, plan
+    from launcher.commands import catalogs, estimate, jobs, launch, plan
 
     parser = _Parser(
         prog="ftlaunch",
@@ -39,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ftlaunch {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    launch.add_parser(sub)
     plan.add_parser(sub)
     estimate.add_parser(sub)
     catalogs.add_parsers(sub)
@@ -50,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted anywhere on the line
     argv = [a for a in argv if a != "--debug"]
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
+        argv = ["run", *argv]  # `ftlaunch --model M --gpus G` is `ftlaunch run ...`
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

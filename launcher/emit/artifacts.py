@@ -48,19 +48,35 @@ def run_file(
 
 
 def write(
-    root: Path, run: RunFile, arch, spec, cluster, explain: str, env: dict[str, str] | None = None
+    root: Path,
+    run: RunFile,
+    arch,
+    spec,
+    cluster,
+    explain: str,
+    env: dict[str, str] | None = None,
+    endpoint: str | None = None,
+    nvme_path: str = "/local_nvme",
 ) -> tuple[Path, list[str]]:
     """Write the run directory; returns it and the exact launch command."""
     run_dir = (Path(root) / run.name).resolve()
+    ds = ds_config(
+        arch, spec, run.dp, lr=run.training.lr, weight_decay=run.training.weight_decay, nvme_path=nvme_path
+    )
     files = {
-        "ds_config.json": json.dumps(ds_config(arch, spec, run.dp, lr=run.training.lr), indent=2) + "\n",
+        "ds_config.json": json.dumps(ds, indent=2) + "\n",
         "accelerate_config.yaml": accelerate_config(spec, cluster, run.dp),
         "explain.txt": explain,
     }
     if spec.pp > 1:
         files["device_map.json"] = json.dumps(device_map(arch, spec, spec.pp).to_dict(), indent=2) + "\n"
     argv = torchrun.command(
-        run_dir, cluster.gpus_per_node, cluster.nodes, max_restarts=run.backend.get("max_restarts", 0)
+        run_dir,
+        cluster.gpus_per_node,
+        cluster.nodes,
+        endpoint=endpoint,
+        max_restarts=run.backend.get("max_restarts", 0),
+        run_id=run.name,
     )
     files["launch.sh"] = torchrun.script(argv, env or {})
     write_run_dir(root, run, files, executable=("launch.sh",))
