@@ -163,10 +163,11 @@ def run(args: argparse.Namespace) -> int:
 
     arch, cluster, result = _plan(args)
     best = result.best
+    source = _source(args.model)
     name = check_name(args.name or f"{arch.name}-{best.spec.method}-{time.strftime('%Y%m%d-%H%M%S')}")
     training = TrainingConfig(
         data=str(Path(args.data).resolve()) if args.data else None,
-        tokenizer=args.tokenizer or (None if args.init == "random" else args.model),
+        tokenizer=args.tokenizer or (None if args.init == "random" else source),
         init=args.init,
         max_steps=args.max_steps,
         lr=args.lr or DEFAULT_LR[best.spec.method],
@@ -178,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     run_file = artifacts.run_file(
         name,
         arch,
-        args.model,
+        source,
         best.spec,
         cluster,
         best.dp,
@@ -230,3 +231,13 @@ def _require_gpus(cluster) -> None:
             f"this machine has {have} NVIDIA GPU(s), the plan needs {cluster.gpus_per_node} per node; run the written "
             "launch.sh where the GPUs are, or add --cpu to run the ranks as CPU processes (tiny models only)"
         )
+
+
+def _source(model: str) -> str:
+    """What the worker loads: the hub id behind a catalog short name, else what the user gave."""
+    from launcher.models.catalog import INFO, catalog_name
+
+    name = catalog_name(model)
+    if name and not Path(model).exists() and INFO[name].hub_id and name == model.strip().lower():
+        return INFO[name].hub_id
+    return model

@@ -103,6 +103,8 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
     layers, rest = request.arch.layers, request.cluster.world_size // tp
     pinned = request.pinned.get("pp")
     if pinned is not None:
+        if request.cluster.world_size % (tp * pinned):
+            return []  # this TP degree does not combine with the pinned PP; others may
         check_parallelism(request.arch, TrainSpec(tp=tp, pp=pinned), request.cluster.world_size)
         if not sensible_pp(layers, pinned):
             ok = [p for p in range(1, layers + 1) if sensible_pp(layers, p) and rest % p == 0]
@@ -181,6 +183,8 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
     ckpts = (pins["grad_ckpt"],) if "grad_ckpt" in pins else GRAD_CKPT
     world = request.cluster.world_size
     layouts = [(tp, pp) for tp in tp_degrees(request) for pp in pp_degrees(request, tp)]
+    if not layouts:
+        check_parallelism(request.arch, TrainSpec(pp=pins.get("pp", 1), tp=pins.get("tp", 1)), world)
     for stage, opt, params in shardings:
         for tp, pp in layouts:
             if pp > 1 and stage >= 2:
