@@ -7,7 +7,6 @@ directories are unfinished saves (a crash mid-save) and are removed at the next 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -52,7 +51,9 @@ def save(
     tmp_dir = root / tmp
     tmp_dir.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))
-    _write_json(tmp_dir / f"rank-{rank:05d}.json", rank_state)
+    import torch
+
+    torch.save(rank_state, tmp_dir / f"rank-{rank:05d}.pt")
     barrier()
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and tmp_dir.exists():
         # one rename per node: on a shared filesystem the first one wins, the rest find nothing
@@ -69,11 +70,8 @@ def save(
 
 
 def load_rank_state(ckpt: Path) -> dict | None:
-    path = ckpt / f"rank-{int(os.environ.get('RANK', '0')):05d}.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    """This rank's RNG states saved with the checkpoint (None for checkpoints without them)."""
+    import torch
 
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    path = ckpt / f"rank-{int(os.environ.get('RANK', '0')):05d}.pt"
+    return torch.load(path, weights_only=False) if path.exists() else None

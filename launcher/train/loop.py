@@ -54,7 +54,21 @@ def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float):
 def _rng_state() -> dict:
     import torch
 
-    return {"python": repr(random.getstate()), "torch_seed": int(torch.initial_seed())}
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _restore_rng(state: dict | None) -> None:
+    import torch
+
+    if not state:
+        return
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _log(run_dir: Path, rank: int, record: dict) -> None:
@@ -135,6 +149,7 @@ def train(run_dir: Path) -> int:
     if found:
         step, path = found
         engine.load_checkpoint(str(root), tag=path.name, load_module_strict=False)
+        _restore_rng(ckpt.load_rank_state(path))
         start = step
         _log(run_dir, rank, {"event": "resumed", "step": step})
 
