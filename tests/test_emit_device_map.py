@@ -3,6 +3,7 @@ every parameter placed exactly once, every key a real module, per-GPU memory wit
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -18,7 +19,7 @@ accelerate_utils = pytest.importorskip("accelerate.utils")
 
 
 def meta_model(name: str):
-    cfg = dict(CATALOG[name])
+    cfg = copy.deepcopy(CATALOG[name])  # transformers rewrites nested rope dicts in place
     model_type = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     with torch.device("meta"):

@@ -7,6 +7,7 @@ leaf name, shape, bias and multiplicity.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -46,7 +47,7 @@ def _qwen_as_qwen2(cfg: dict) -> dict:
 
 
 def _meta_model(config: dict):
-    cfg = dict(config)
+    cfg = copy.deepcopy(config)  # transformers rewrites nested rope dicts in place
     model_type = cfg.pop("model_type")
     if model_type == "qwen":
         model_type, cfg = "qwen2", _qwen_as_qwen2(cfg)

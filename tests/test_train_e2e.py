@@ -3,6 +3,7 @@ under torchrun with 2 ranks and DeepSpeed's CPU accelerator (gloo)."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -83,7 +84,7 @@ def test_device_map_is_usable_by_from_pretrained(tmp_path):
     """The emitted device_map loads a real model with from_pretrained (GPU indices mapped to the
     CPU here) and that model trains a step."""
     arch = resolve_model("tiny-llama")
-    cfg = dict(arch.hf_config)
+    cfg = copy.deepcopy(arch.hf_config)
     config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
     dm = device_map(arch, TrainSpec(pp=2, zero_stage=1), 2).device_map

@@ -1,11 +1,14 @@
-"""`ftlaunch launch | status | logs | cancel RUN`: run and watch a written run directory.
+"""`ftlaunch launch | status | logs | cancel RUN`: run and watch a written run directory;
+`ftlaunch jobs`: the runs with a job, and their states.
 
-RUN is a run directory, or the name of one under ./runs.
+RUN is a run directory, or the name of one under ./runs. The backend is the run's: plan.json's
+backend name when launching, job.json's "backend" once started.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -13,14 +16,22 @@ from pathlib import Path
 from launcher.errors import FtlaunchError
 
 DEFAULT_ROOT = Path("runs")
+_BACKENDS = {"torchrun": "launcher.backends.local", "slurm": "launcher.backends.slurm"}
+_DONE = ("SUCCEEDED", "COMPLETED")  # a job that ended well, as the backends call it
 
 
 def resolve_run(text: str) -> Path:
-    p = Path(text)
-    for candidate in (p, DEFAULT_ROOT / text):
-        if (candidate / "plan.json").is_file():
-            return candidate.resolve()
-    raise FtlaunchError(f"no run directory {text!r} (looked for {p}/plan.json and runs/{text}/plan.json)")
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    try:
+        p = Path(text)
+        for candidate in (p, DEFAULT_ROOT / text):
+            if (candidate / "plan.json").is_file():
+                return candidate.resolve()
+    except (OSError, ValueError):  # a name too long for the filesystem, a NUL byte
+        pass
+    raise FtlaunchError(
+        f"no run directory {shown!r}: pass a run directory (with plan.json) or a name under ./runs"
+    )
 
 
 def add_parsers(sub) -> None:
@@ -45,54 +56,97 @@ def add_parsers(sub) -> None:
     p.set_defaults(run_cmd=run_cancel)
     for name in ("launch", "status", "logs", "cancel"):
         sub.choices[name].set_defaults(run=_dispatch)
+    p = sub.add_parser("jobs", help="list runs with a job and their states", description="List jobs.")
+    p.add_argument("--runs-dir", type=Path, default=DEFAULT_ROOT, metavar="DIR", help="default ./runs")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=run_jobs)
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     return args.run_cmd(args, resolve_run(args.target))
 
 
-def start(run_dir: Path, detach: bool, skip_preflight: bool) -> int:
-    from launcher.backends import local
+def backend(run_dir: Path, launching: bool = False):
+    """The backend module (submit / status / follow / cancel) that runs or ran this run directory."""
+    from launcher.rundir import read_run_dir
 
+    job = run_dir / "job.json"
+    name = json.loads(job.read_text()).get("backend") if job.is_file() and not launching else None
+    name = name or read_run_dir(run_dir).backend.get("name", "torchrun")
+    if name not in _BACKENDS:
+        raise FtlaunchError(f"{run_dir.name}: unknown backend {name!r}; write the run directory again")
+    return importlib.import_module(_BACKENDS[name])
+
+
+def _print(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def start(run_dir: Path, detach: bool, skip_preflight: bool) -> int:
+    be = backend(run_dir, launching=True)
     if not skip_preflight:
         from launcher.preflight import check_run_dir
 
         check_run_dir(run_dir)
-    local.submit(run_dir)
-    print(f"started {run_dir}  (ftlaunch status {run_dir} | logs -f | cancel)", flush=True)
+    job = be.submit(run_dir)
+    queued = f"queued as Slurm job {job['job_id']}" if "job_id" in job else "started"
+    print(f"{run_dir.name}: {queued}  (ftlaunch status {run_dir} | logs -f | cancel)", flush=True)
     if detach:
         return 0
-    st = local.follow(run_dir, lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+    st = be.follow(run_dir, _print)
     print(f"{run_dir.name}: {st['state']}" + (f" (exit code {st['exit_code']})" if "exit_code" in st else ""))
-    return 0 if st["state"] == "SUCCEEDED" else 1
+    return 0 if st["state"] in _DONE else 1
 
 
 def run_launch(args, run_dir: Path) -> int:
     return start(run_dir, args.detach, args.skip_preflight)
 
 
-def run_status(args, run_dir: Path) -> int:
-    from launcher.backends import local
+_SHOWN = ("step", "job_id", "slurm_state", "restarts", "exit_code", "pid", "reason")
 
-    st = local.status(run_dir)
+
+def run_status(args, run_dir: Path) -> int:
+    st = backend(run_dir).status(run_dir)
     if args.json:
         print(json.dumps(st, indent=2))
     else:
-        extra = "".join(f"  {k}={st[k]}" for k in ("step", "exit_code", "pid", "reason") if k in st)
+        extra = "".join(f"  {k}={st[k]}" for k in _SHOWN if k in st)
         print(f"{run_dir.name}: {st['state']}{extra}")
     return 0
 
 
 def run_logs(args, run_dir: Path) -> int:
-    from launcher.backends import local
-
-    local.follow(run_dir, lambda s: (sys.stdout.write(s), sys.stdout.flush()), follow_=args.follow)
+    backend(run_dir).follow(run_dir, _print, follow_=args.follow)
     return 0
 
 
 def run_cancel(args, run_dir: Path) -> int:
-    from launcher.backends import local
-
-    st = local.cancel(run_dir, args.grace)
+    st = backend(run_dir).cancel(run_dir, args.grace)
     print(f"{run_dir.name}: {st['state']}")
+    return 0
+
+
+def run_jobs(args) -> int:
+    """Runs under --runs-dir that have a job, and ftlaunch jobs in the Slurm queue from elsewhere."""
+    import shutil
+
+    dirs = sorted(d.resolve() for d in args.runs_dir.glob("*/job.json")) if args.runs_dir.is_dir() else []
+    dirs = [d.parent for d in dirs]
+    if shutil.which("squeue"):
+        from launcher.backends import slurm
+
+        dirs += [Path(q["run"]) for q in slurm.queue() if Path(q["run"]) not in dirs]
+    rows = [backend(d).status(d) for d in dirs]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for st in rows:
+        job = st.get("job_id") or st.get("pid") or "-"
+        step = st.get("step", "-")
+        print(
+            f"{Path(st['run']).name:40} {st.get('backend', '-'):9} {st['state']:11} job {job:<8} step {step}"
+        )
+    if not rows:
+        print(f"no jobs under {args.runs_dir}")
     return 0

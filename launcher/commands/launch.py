@@ -19,10 +19,12 @@ EPILOG = """examples:
   ftlaunch --model bloom-176b --gpus 8xA100 --dry-run             write runs/<name>/, print the command
   ftlaunch --model llama-3.1-8b --gpus 8xH100 --method lora --data train.jsonl
   ftlaunch --model tiny-llama --gpus 1x2xA100 --cpu --init random --zero-stage 3 --max-steps 30
+  ftlaunch --model llama-3.1-70b --gpus 4x8xH100 --method lora --backend slurm --partition gpu --time 2-00:00:00
 
 The run directory holds plan.json, ds_config.json, accelerate_config.yaml, launch.sh,
-explain.txt (and device_map.json for pipeline plans). `ftlaunch status|logs|cancel RUN` watch it.
-Multi-node: pass --rdzv-endpoint HEAD:PORT and run the written launch.sh on every node."""
+explain.txt (and device_map.json for pipeline plans; job.sbatch for --backend slurm).
+`ftlaunch status|logs|cancel RUN` watch it. Multi-node without Slurm: pass --rdzv-endpoint
+HEAD:PORT and run the written launch.sh on every node."""
 
 
 def add_parser(sub) -> None:
@@ -119,7 +121,87 @@ def add_parser(sub) -> None:
         "--skip-preflight", action="store_true", help="do not check data and model before starting"
     )
     r.add_argument("--json", action="store_true", help="print the plan and run directory as JSON")
+    r.add_argument(
+        "--backend",
+        choices=("torchrun", "slurm"),
+        default="torchrun",
+        help="torchrun on this machine (default) or a Slurm batch job (job.sbatch)",
+    )
+    _add_slurm_options(p)
     p.set_defaults(run=run)
+
+
+# Slurm flags: flag -> (SlurmOptions field, argparse keywords)
+_SLURM_FLAGS = {
+    "--partition": ("partition", dict(metavar="NAME", help="partition (default: the cluster's default)")),
+    "--account": ("account", dict(metavar="NAME", help="account to charge")),
+    "--qos": ("qos", dict(metavar="NAME", help="quality of service")),
+    "--time": ("time", dict(metavar="T", help="time limit: MINUTES, HH:MM:SS or D-HH:MM:SS")),
+    "--constraint": ("constraint", dict(metavar="EXPR", help="node features, e.g. 'a100&ib'")),
+    "--job-name": ("job_name", dict(metavar="NAME", help="job name (default: the run name)")),
+    "--cpus-per-node": (
+        "cpus_per_node",
+        dict(
+            type=options.positive_int, metavar="N", help="CPUs per node (default: whole nodes, --exclusive)"
+        ),
+    ),
+    "--mem": ("mem", dict(metavar="SIZE", help="memory per node, e.g. 500G (default 0: all of it)")),
+    "--sbatch-line": (
+        "sbatch_lines",
+        dict(
+            action="append", metavar="OPT", help="extra #SBATCH directive, e.g. --mail-type=END (repeatable)"
+        ),
+    ),
+    "--setup": (
+        "setup",
+        dict(
+            action="append",
+            metavar="LINE",
+            help="shell line run before srun, e.g. 'module load cuda' (repeatable)",
+        ),
+    ),
+    "--container-image": (
+        "container_image",
+        dict(metavar="IMAGE", help="run the ranks in this image (pyxis)"),
+    ),
+    "--signal-lead": (
+        "signal_lead",
+        dict(
+            type=options.positive_int,
+            metavar="S",
+            help="seconds before the time limit to checkpoint and requeue (default 180)",
+        ),
+    ),
+    "--max-requeues": (
+        "max_requeues",
+        dict(
+            type=options.non_negative_int, metavar="N", help="most times the job requeues itself (default 3)"
+        ),
+    ),
+}
+
+
+def _add_slurm_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Slurm (with --backend slurm)")
+    for flag, (field, kwargs) in _SLURM_FLAGS.items():
+        g.add_argument(flag, dest=field, **kwargs)
+
+
+def _slurm_options(args):
+    """SlurmOptions for --backend slurm; None for torchrun (where no Slurm flag may be given)."""
+    values = {field: getattr(args, field) for field, _ in _SLURM_FLAGS.values()}
+    if args.backend != "slurm":
+        given = [flag for flag, (field, _) in _SLURM_FLAGS.items() if values[field] is not None]
+        if given:
+            raise FtlaunchError(f"{', '.join(given)} only apply to --backend slurm; add it or drop them")
+        return None
+    if args.rdzv_endpoint:
+        raise FtlaunchError(
+            "--rdzv-endpoint is for --backend torchrun; a Slurm job finds its head node itself"
+        )
+    from launcher.backends import slurm_script
+
+    return slurm_script.options(**values)
 
 
 def _plan(args):
@@ -161,10 +243,15 @@ def run(args: argparse.Namespace) -> int:
     from launcher.emit.deepspeed import DEFAULT_LR
     from launcher.rundir import TrainingConfig, check_name
 
+    slurm = _slurm_options(args)
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)
-    name = check_name(args.name or f"{arch.name}-{best.spec.method}-{time.strftime('%Y%m%d-%H%M%S')}")
+    name = check_name(
+        args.name
+        if args.name is not None
+        else f"{arch.name}-{best.spec.method}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
     training = TrainingConfig(
         data=str(Path(args.data).resolve()) if args.data else None,
         tokenizer=args.tokenizer or (None if args.init == "random" else source),
@@ -187,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         best.to_dict(),
         training,
         max_restarts=args.max_restarts,
+        slurm=slurm,
     )
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
     explain = _explain_text(result)
@@ -202,18 +290,25 @@ def run(args: argparse.Namespace) -> int:
         nvme_path=args.nvme_path,
     )
     command = f"bash {shlex.quote(str(run_dir / 'launch.sh'))}"
+    if slurm is not None:
+        from launcher.backends.slurm_script import SCRIPT, submit_argv
+
+        command, argv = shlex.join(submit_argv(run_dir)), submit_argv(run_dir)
     if args.json:
-        print(
-            json.dumps(
-                {"run_dir": str(run_dir), "launch": command, "argv": argv, "plan": best.to_dict()}, indent=2
-            )
-        )
+        out = {"run_dir": str(run_dir), "launch": command, "argv": argv, "plan": best.to_dict()}
+        if slurm is not None:
+            out["sbatch"] = (run_dir / SCRIPT).read_text()
+        print(json.dumps(out, indent=2))
     else:
         print(explain, end="")
-        print(f"\nrun directory: {run_dir}\nlaunch command: {command}\n  = {shlex.join(argv)}")
+        if slurm is None:
+            print(f"\nrun directory: {run_dir}\nlaunch command: {command}\n  = {shlex.join(argv)}")
+        else:
+            script = (run_dir / SCRIPT).read_text() if args.dry_run else f"(in {run_dir / SCRIPT})\n"
+            print(f"\nrun directory: {run_dir}\nbatch script:\n{script}submit command: {command}")
     if args.dry_run:
         return 0
-    if not args.cpu:
+    if not args.cpu and slurm is None:
         _require_gpus(cluster)
     from launcher.commands.jobs import start
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -23,10 +24,20 @@ def run_file(
     plan_dict,
     training: TrainingConfig,
     max_restarts: int = 2,
+    slurm=None,
 ) -> RunFile:
+    """plan.json's content; `slurm` (backends.slurm_script.SlurmOptions) makes it a Slurm run."""
+    backend = {
+        "name": "torchrun" if slurm is None else "slurm",
+        "nproc_per_node": cluster.gpus_per_node,
+        "nnodes": cluster.nodes,
+        "max_restarts": max_restarts,
+    }
+    if slurm is not None:
+        backend["slurm"] = slurm.model_dump()
     return new_run_file(
         name=name,
-        model={"name": arch.name, "source": source, "hf_config": dict(arch.hf_config)},
+        model={"name": arch.name, "source": source, "hf_config": copy.deepcopy(arch.hf_config)},
         spec=spec.to_dict(),
         cluster={
             "gpu": cluster.gpu.name,
@@ -38,12 +49,7 @@ def run_file(
         global_batch=global_batch,
         plan=plan_dict,
         training=training,
-        backend={
-            "name": "torchrun",
-            "nproc_per_node": cluster.gpus_per_node,
-            "nnodes": cluster.nodes,
-            "max_restarts": max_restarts,
-        },
+        backend=backend,
     )
 
 
@@ -79,5 +85,17 @@ def write(
         run_id=run.name,
     )
     files["launch.sh"] = torchrun.script(argv, env or {})
+    if run.backend.get("name") == "slurm":
+        from launcher.backends import slurm_script
+
+        files[slurm_script.SCRIPT] = slurm_script.render(
+            run_dir,
+            run.name,
+            cluster.nodes,
+            cluster.gpus_per_node,
+            run.backend.get("max_restarts", 0),
+            env or {},
+            slurm_script.SlurmOptions(**run.backend["slurm"]),
+        )
     write_run_dir(root, run, files, executable=("launch.sh",))
     return run_dir, argv

@@ -151,7 +151,11 @@ def resolve_model(name_or_path: str) -> ModelArch:
     if key is not None:
         return _catalog_arch(key)
     path = Path(name_or_path).expanduser()
-    if path.exists():
+    try:
+        is_path = path.exists()
+    except (OSError, ValueError):  # longer than the filesystem allows, or a NUL byte
+        is_path = False
+    if is_path:
         file = path / "config.json" if path.is_dir() else path
         try:
             stat = file.stat()

@@ -14,6 +14,7 @@ one nn.Linear per expert (w1/w2/w3 in transformers 4 and in the checkpoints); th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -103,7 +104,9 @@ class ConfigReader:
             raise self.fail(
                 f"has {heads} attention heads not divisible by {kv} key/value heads; fix the config.json"
             )
-        return ModelArch(name=self.name, model_type=self.model_type, hf_config=dict(self.d), **fields)
+        return ModelArch(
+            name=self.name, model_type=self.model_type, hf_config=copy.deepcopy(self.d), **fields
+        )
 
 
 def _attn(q: str, k: str, v: str, o: str, h: int, q_dim: int, kv_dim: int, qkv_bias: bool, o_bias: bool):

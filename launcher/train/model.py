@@ -4,6 +4,8 @@ peft (+ bitsandbytes, GPU only), activation checkpointing, attention kernel, pre
 
 from __future__ import annotations
 
+import copy
+
 from launcher.errors import FtlaunchError
 from launcher.spec import TrainSpec
 
@@ -75,7 +77,7 @@ def build_model(hf_config: dict, source: str, spec: TrainSpec, init: str, seed: 
 
     dtype = torch_dtype(spec.precision)
     attn = ATTN[spec.attention] if hf_config.get("model_type") != "bloom" else "eager"
-    cfg = dict(hf_config)
+    cfg = copy.deepcopy(hf_config)  # transformers rewrites nested rope dicts in place
     model_type = cfg.pop("model_type")
     if init == "random":
         torch.manual_seed(seed)

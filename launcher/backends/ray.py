@@ -1,0 +1,369 @@
+"""The Ray backend: a Ray Jobs submission whose entrypoint trains the run under Ray Train.
+
+The request is written to RUN_DIR/ray_job.json with the run directory (`--dry-run` prints it);
+submit sends exactly that through ray.job_submission.JobSubmissionClient:
+
+    entrypoint   python -m launcher.backends.ray_entry       (launcher/backends/ray_entry.py)
+    runtime_env  working_dir: the run directory, without its outputs (logs/, checkpoints/,
+                 output/, ray/) or weight files; py_modules: this launcher package; env_vars
+                 (DS_ACCELERATOR=cpu for --cpu runs); excludes also drop .git, .venv, caches
+    metadata     the ftlaunch run name and version (how `ftlaunch list` finds its jobs)
+    train        what the entrypoint gives Ray Train: workers, resources per worker, placement
+                 strategy, max_failures, and `storage`, the directory every Ray node sees, in
+                 which the run directory lives on the cluster (STORAGE/NAME; default: the run
+                 directory's own parent, right for a cluster on this machine or one that mounts
+                 the same path)
+
+Before anything is uploaded: the upload must be under MAX_UPLOAD_MIB, the dashboard must answer
+within TIMEOUT_S, and its alive nodes must hold the CPUs / GPUs the workers ask for. Each failure
+is one RayError line. RUN_DIR/job.json records the address and submission id for status, logs
+and cancel. Nothing here imports ray until a cluster is contacted (planning stays fast).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import launcher
+from launcher import __version__
+from launcher.errors import FtlaunchError
+from launcher.rundir import RunFile, write_atomic
+
+REQUEST_FILE = "ray_job.json"
+JOB_FILE = "job.json"
+ENTRYPOINT = "python -m launcher.backends.ray_entry"
+MAX_UPLOAD_MIB = 100  # Ray refuses packages over 512 MiB and warns far below; big files belong on storage
+TIMEOUT_S = 5.0
+# gitignore patterns (Ray's syntax); a leading "/" anchors at the top of the run directory
+EXCLUDES = [
+    ".git",
+    ".venv",
+    "__pycache__",
+    "*.pyc",
+    "/logs",
+    "/checkpoints",
+    "/output",
+    "/ray",
+    f"/{JOB_FILE}",
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.gguf",
+]
+CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+# Ray job states -> ftlaunch's (the torchrun backend says CANCELLED for a stopped job)
+STATES = {
+    "PENDING": "PENDING",
+    "RUNNING": "RUNNING",
+    "SUCCEEDED": "SUCCEEDED",
+    "FAILED": "FAILED",
+    "STOPPED": "CANCELLED",
+}
+ACTIVE = ("PENDING", "RUNNING")
+
+
+class RayError(FtlaunchError):
+    pass
+
+
+def scaling(run: RunFile, cpu: bool) -> dict:
+    """Ray Train's ScalingConfig for the plan: one worker per rank; one GPU each, or CPU workers.
+
+    One node: PACK. Several nodes with one GPU each: STRICT_SPREAD (one worker per node);
+    otherwise SPREAD, the GPU requests keep gpus_per_node workers on each node.
+    """
+    nodes, per_node = int(run.cluster["nodes"]), int(run.cluster["gpus_per_node"])
+    if nodes == 1:
+        strategy = "PACK"
+    elif per_node == 1:
+        strategy = "STRICT_SPREAD"
+    else:
+        strategy = "SPREAD"
+    return {
+        "num_workers": nodes * per_node,
+        "use_gpu": not cpu,
+        "resources_per_worker": {"CPU": 1} if cpu else {"CPU": 1, "GPU": 1},
+        "placement_strategy": strategy,
+    }
+
+
+def job_request(
+    run_dir: Path,
+    run: RunFile,
+    cpu: bool,
+    address: str | None = None,
+    storage: Path | None = None,
+    max_failures: int = 2,
+) -> dict:
+    """The exact Ray Jobs request for the run directory (what ray_job.json holds)."""
+    run_dir = Path(run_dir).resolve()
+    storage = Path(storage).resolve() if storage else run_dir.parent
+    return {
+        "address": address,
+        "entrypoint": ENTRYPOINT,
+        "runtime_env": {
+            "working_dir": str(run_dir),
+            "py_modules": [str(Path(launcher.__file__).resolve().parent)],
+            "excludes": list(EXCLUDES),
+            "env_vars": dict(CPU_ENV) if cpu else {},
+        },
+        "metadata": {"ftlaunch_run": run.name, "ftlaunch_version": __version__},
+        "train": {**scaling(run, cpu), "max_failures": max_failures, "storage": str(storage)},
+    }
+
+
+def read_request(run_dir: Path) -> dict:
+    path = Path(run_dir) / REQUEST_FILE
+    if not path.is_file():
+        raise RayError(
+            f"{run_dir} has no {REQUEST_FILE}; write it with `ftlaunch ... --backend ray --dry-run`"
+        )
+    return json.loads(path.read_text())
+
+
+def _excluded(rel: Path, patterns: list[str]) -> bool:
+    """gitignore matching for the simple patterns in EXCLUDES: a name anywhere, or '/name' at the top."""
+    parts = rel.parts
+    for pat in patterns:
+        if pat.startswith("/"):
+            if fnmatch.fnmatch(parts[0], pat[1:]):
+                return True
+        elif any(fnmatch.fnmatch(part, pat) for part in parts):
+            return True
+    return False
+
+
+def upload_size(request: dict) -> tuple[int, Path | None, int]:
+    """Bytes that would be uploaded (working_dir + py_modules, before compression), and the biggest file."""
+    env = request["runtime_env"]
+    total, biggest, biggest_size = 0, None, -1
+    for root in [env["working_dir"], *env.get("py_modules", [])]:
+        root = Path(root)
+        for dirpath, dirnames, filenames in os.walk(root):
+            here = Path(dirpath)
+            dirnames[:] = [
+                d for d in dirnames if not _excluded((here / d).relative_to(root), env["excludes"])
+            ]
+            for f in filenames:
+                path = here / f
+                if _excluded(path.relative_to(root), env["excludes"]) or not path.is_file():
+                    continue
+                size = path.stat().st_size
+                total += size
+                if size > biggest_size:
+                    biggest, biggest_size = path, size
+    return total, biggest, biggest_size
+
+
+def check_upload(request: dict) -> None:
+    total, biggest, biggest_size = upload_size(request)
+    if total > MAX_UPLOAD_MIB * 2**20:
+        raise RayError(
+            f"the Ray upload would be {total / 2**20:.0f} MiB (limit {MAX_UPLOAD_MIB} MiB), the biggest file "
+            f"{biggest} ({biggest_size / 2**20:.0f} MiB); move large files out of the run directory onto "
+            "storage the cluster reads (e.g. --data /shared/train.jsonl)"
+        )
+
+
+def _get(address: str, path: str) -> dict:
+    try:
+        with urllib.request.urlopen(address.rstrip("/") + path, timeout=TIMEOUT_S) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise RayError(
+            f"no Ray dashboard answers at {address} ({reason}); start the cluster (bash cluster/ray_up.sh "
+            "for a local one) or pass --address http://HEAD:8265"
+        ) from None
+
+
+def check_cluster(address: str, train: dict) -> dict:
+    """The alive nodes' total resources; a RayError when the workers' CPUs / GPUs are not there."""
+    _get(address, "/api/version")
+    nodes = _get(address, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
+    alive = [n for n in nodes if n.get("state") == "ALIVE"]
+    have: dict[str, float] = {}
+    for node in alive:
+        for key, value in node.get("resources_total", {}).items():
+            have[key] = have.get(key, 0.0) + value
+    workers = train["num_workers"]
+    missing = [
+        f"{need * workers:g} {key}"
+        for key, need in train["resources_per_worker"].items()
+        if have.get(key, 0.0) < need * workers
+    ]
+    if train["placement_strategy"] == "STRICT_SPREAD" and len(alive) < workers:
+        missing.append(f"{workers} nodes")
+    if missing:
+        raise RayError(
+            f"the Ray cluster at {address} has {have.get('GPU', 0):g} GPU(s) and {have.get('CPU', 0):g} CPU(s) on "
+            f"{len(alive)} node(s); this run's {workers} workers need {' and '.join(missing)}; use a bigger "
+            "cluster, plan for the GPUs it has (--gpus), or add --cpu for CPU workers"
+        )
+    return have
+
+
+def _client(address: str):
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError:
+        raise RayError("the Ray backend needs ray on this machine: pip install -e '.[ray]'") from None
+    try:
+        return JobSubmissionClient(address)
+    except (ConnectionError, RuntimeError) as exc:
+        raise RayError(f"cannot use the Ray cluster at {address}: {exc}") from None
+
+
+def resolve_address(address: str | None) -> str:
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address or not address.startswith(("http://", "https://")):
+        raise RayError(
+            "the Ray backend needs the cluster's dashboard address: --address http://HEAD:8265 "
+            "(or RAY_ADDRESS=http://HEAD:8265)"
+        )
+    return address.rstrip("/")
+
+
+def submit(run_dir: Path, address: str | None = None, check_resources: bool = True) -> dict:
+    """Check, upload and submit the run directory's ray_job.json; job.json records the job."""
+    run_dir = Path(run_dir).resolve()
+    request = read_request(run_dir)
+    address = resolve_address(address or request.get("address"))
+    if (run_dir / JOB_FILE).exists() and status(run_dir)["state"] in ACTIVE:
+        raise RayError(f"{run_dir.name} is already running; `ftlaunch cancel {run_dir}` first")
+    check_upload(request)
+    if check_resources:
+        check_cluster(address, request["train"])
+    else:
+        _get(address, "/api/version")
+    client = _client(address)
+    submission_id = f"{request['metadata']['ftlaunch_run']}-{uuid.uuid4().hex[:8]}"
+    try:
+        client.submit_job(
+            entrypoint=request["entrypoint"],
+            submission_id=submission_id,
+            runtime_env=request["runtime_env"],
+            metadata=request["metadata"],
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise RayError(
+            f"the Ray cluster at {address} refused the job: {' '.join(str(exc).split())[:300]}"
+        ) from None
+    job = {
+        "backend": "ray",
+        "address": address,
+        "submission_id": submission_id,
+        "cluster_run_dir": str(Path(request["train"]["storage"]) / run_dir.name),
+        "started": time.time(),
+    }
+    write_atomic(run_dir / JOB_FILE, json.dumps(job, indent=2) + "\n")
+    return job
+
+
+def _job(run_dir: Path) -> dict:
+    path = Path(run_dir) / JOB_FILE
+    if not path.is_file():
+        raise RayError(f"{Path(run_dir).name} has not been submitted to Ray (no {JOB_FILE})")
+    return json.loads(path.read_text())
+
+
+def _last_step(cluster_run_dir: str) -> int | None:
+    """The newest step in the run's metrics, when the cluster's run directory is readable here."""
+    path = Path(cluster_run_dir) / "logs" / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    step = None
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line).get("step", step)
+        except (json.JSONDecodeError, AttributeError):
+            continue
+    return step
+
+
+def status(run_dir: Path) -> dict:
+    run_dir = Path(run_dir).resolve()
+    job = _job(run_dir)
+    _get(job["address"], "/api/version")
+    info = _client(job["address"]).get_job_info(job["submission_id"])
+    ray_status = str(getattr(info.status, "value", info.status))
+    out = {
+        "run": str(run_dir),
+        "backend": "ray",
+        "state": STATES.get(ray_status, "UNKNOWN"),
+        "ray_status": ray_status,
+        "submission_id": job["submission_id"],
+        "address": job["address"],
+    }
+    step = _last_step(job["cluster_run_dir"])
+    if step is not None:
+        out["step"] = step
+    if out["state"] == "FAILED" and info.message:
+        out["reason"] = " ".join(info.message.split())[-300:]
+    return out
+
+
+def follow(run_dir: Path, write, follow_: bool = True) -> dict:
+    """Write the job's log (the entrypoint's and, through Ray, every worker's); with follow_, until it ends."""
+    job = _job(run_dir)
+    client = _client(job["address"])
+    if not follow_:
+        write(client.get_job_logs(job["submission_id"]))
+        return status(run_dir)
+
+    async def tail() -> None:
+        async for chunk in client.tail_job_logs(job["submission_id"]):
+            write(chunk)
+
+    asyncio.run(tail())
+    st = status(run_dir)
+    while st["state"] in ACTIVE:  # the log stream can close a moment before the status settles
+        time.sleep(0.5)
+        st = status(run_dir)
+    return st
+
+
+def cancel(run_dir: Path, grace_s: float = 60.0) -> dict:
+    """stop_job: Ray signals the entrypoint, which takes the Ray Train workers down with it."""
+    st = status(run_dir)
+    if st["state"] not in ACTIVE:
+        raise RayError(f"{Path(run_dir).name} is {st['state']}, nothing to cancel")
+    job = _job(run_dir)
+    _client(job["address"]).stop_job(job["submission_id"])
+    deadline = time.time() + grace_s
+    while st["state"] in ACTIVE and time.time() < deadline:
+        time.sleep(0.5)
+        st = status(run_dir)
+    return st
+
+
+def list_jobs(address: str | None) -> list[dict]:
+    """The ftlaunch jobs the cluster knows, oldest first."""
+    address = resolve_address(address)
+    _get(address, "/api/version")
+    rows = []
+    for info in _client(address).list_jobs():
+        meta = info.metadata or {}
+        if "ftlaunch_run" not in meta or not info.submission_id:
+            continue
+        ray_status = str(getattr(info.status, "value", info.status))
+        rows.append(
+            {
+                "submission_id": info.submission_id,
+                "run": meta["ftlaunch_run"],
+                "state": STATES.get(ray_status, "UNKNOWN"),
+                "ray_status": ray_status,
+                "start_time": info.start_time,
+            }
+        )
+    return sorted(rows, key=lambda r: r["start_time"] or 0)
