@@ -1,12 +1,19 @@
-"""Checks that stop a job before any rank starts: the run directory, the data, the model.
+"""Checks that stop a job before any rank starts.
 
-Each failure is one FtlaunchError line saying what is wrong and what to do. (More checks --
-ports, shared filesystems, GPUs, an all-reduce across ranks -- belong here as they are built.)
+`check_run_dir` (run before every launch): the run directory, data, model and tokenizer as the
+job will see them, GPUs against the plan, DeepSpeed ops the plan needs, the rendezvous port.
+`allreduce` (`ftlaunch preflight RUN`): the job's own launch command runs one all-reduce over
+every rank with a timeout and checks that every rank sees the run directory, naming the host
+that fails. Each failure is one FtlaunchError line saying what is wrong and what to do.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import socket
+import subprocess
 from pathlib import Path
 
 from launcher.errors import FtlaunchError
@@ -44,3 +51,111 @@ def check_run_dir(run_dir: Path) -> None:
     check_loadable(spec, run.model.source, cfg.init, torch.cuda.is_available())
     tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
     tokenize(read_records(cfg.data), tokenizer, spec.seq_len, cfg.data or "the demo data set")
+    check_gpus(run, cpu=_is_cpu_run(run_dir))
+    check_ops(spec)
+
+
+def _is_cpu_run(run_dir: Path) -> bool:
+    return "DS_ACCELERATOR=cpu" in (run_dir / "launch.sh").read_text()
+
+
+def check_gpus(run, cpu: bool) -> None:
+    """On GPU runs: this node has the GPUs the plan counts on, with the memory it assumed."""
+    import torch
+
+    if cpu:
+        return
+    want, have = run.cluster["gpus_per_node"], torch.cuda.device_count()
+    if have < want:
+        raise PreflightError(
+            f"this node has {have} NVIDIA GPU(s) (driver/CUDA visible to torch: "
+            f"{torch.version.cuda or 'none'}), the plan needs {want}; check CUDA_VISIBLE_DEVICES and nvidia-smi"
+        )
+    need = run.cluster["gpu_memory_gib"] * 0.97 * 2**30
+    for i in range(want):
+        total = torch.cuda.get_device_properties(i).total_memory
+        if total < need:
+            raise PreflightError(
+                f"GPU {i} has {total / 2**30:.1f} GiB, the plan assumed {run.cluster['gpu_memory_gib']:.1f}; "
+                "plan again with --gpus matching this machine (or --gpu-memory)"
+            )
+
+
+def check_ops(spec: TrainSpec) -> None:
+    """DeepSpeed ops the plan needs can be built here (CPU Adam for offload, async I/O for NVMe)."""
+    needed = []
+    if spec.offload_optimizer != "none" and spec.optimizer == "adamw":
+        needed.append(("CPUAdamBuilder", "CPU Adam (optimizer offload)"))
+    if "nvme" in (spec.offload_optimizer, spec.offload_params):
+        needed.append(("AsyncIOBuilder", "async I/O (NVMe offload): apt-get install libaio-dev"))
+    if not needed:
+        return
+    from deepspeed.ops import op_builder
+
+    for name, what in needed:
+        builder = getattr(op_builder, name)()
+        if not builder.is_compatible(verbose=False):
+            raise PreflightError(f"DeepSpeed cannot build {what} on this machine; ds_report shows why")
+
+
+def port_free(port: int, host: str = "0.0.0.0") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
+    """Run the all-reduce check with the job's own torchrun options; returns the per-rank reports."""
+    argv = shlex.split((run_dir / "launch.sh").read_text().splitlines()[-1].removeprefix("exec "))
+    if "--rdzv-endpoint" in argv:
+        host, _, port = argv[argv.index("--rdzv-endpoint") + 1].rpartition(":")
+        if (
+            host in ("127.0.0.1", "localhost", socket.gethostname())
+            and port.isdigit()
+            and not port_free(int(port))
+        ):
+            raise PreflightError(
+                f"rendezvous port {port} is already in use on this host; pick another --rdzv-endpoint"
+            )
+    i = argv.index("launcher.train")
+    argv = [*argv[:i], "launcher.train.allreduce_check", str(run_dir), str(timeout)]
+    argv = [a for a in argv if a not in ("--tee", "3")]
+    env = dict(os.environ)
+    for line in (run_dir / "launch.sh").read_text().splitlines():
+        if line.startswith("export "):
+            k, _, v = line[7:].partition("=")
+            env[k] = shlex.split(v)[0] if v else ""
+    out = run_dir / "logs" / "preflight"
+    if out.exists():
+        for f in out.glob("rank-*.json"):
+            f.unlink()
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout + 60)
+    except subprocess.TimeoutExpired:
+        proc = None
+    reports = [json.loads(f.read_text()) for f in sorted(out.glob("rank-*.json"))] if out.exists() else []
+    cluster = read_run_dir(run_dir).cluster
+    expected = cluster["nodes"] * cluster["gpus_per_node"]
+    bad = [r for r in reports if r.get("allreduce") != "ok"]
+    if proc is None or len(reports) < expected or bad:
+        hosts = sorted({r["host"] for r in bad}) or ["(ranks that never reported)"]
+        detail = (
+            bad[0]["allreduce"]
+            if bad
+            else f"{len(reports)} of {expected} ranks reported within {timeout:.0f} s"
+        )
+        raise PreflightError(
+            f"all-reduce across {expected} ranks failed on {', '.join(hosts)}: {detail}; check the network between "
+            "nodes, and for NCCL set NCCL_SOCKET_IFNAME to the right interface (NCCL_IB_DISABLE=1 if InfiniBand is "
+            "down, NCCL_DEBUG=INFO for details)"
+        )
+    blind = sorted({r["host"] for r in reports if not r.get("sees_run_dir")})
+    if blind:
+        raise PreflightError(
+            f"the run directory is not visible from {', '.join(blind)}: multi-node runs need it on a shared filesystem"
+        )
+    return reports

@@ -44,7 +44,8 @@ def make_run(
         cfg,
         max_restarts=max_restarts,
     )
-    run_dir, argv = artifacts.write(root, run, arch, spec, cluster, explain="test run\n")
+    cpu = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}  # as `--cpu` writes it
+    run_dir, argv = artifacts.write(root, run, arch, spec, cluster, explain="test run\n", env=cpu)
     return run_dir, argv
 
 

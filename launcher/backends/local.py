@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from launcher.errors import FtlaunchError
 from launcher.rundir import write_atomic
 
 PREEMPTED = 75
+LOW_SPACE = 64 * 2**20  # below this, a failed job's status names the full disk
 
 
 class JobError(FtlaunchError):
@@ -114,6 +116,16 @@ def status(run_dir: Path) -> dict:
     else:
         out["state"] = "LOST"
         out["reason"] = "the supervisor is gone without recording an exit code (machine restart or SIGKILL)"
+    if out["state"] in ("FAILED", "LOST"):
+        try:
+            free = shutil.disk_usage(run_dir).free
+        except OSError:
+            free = None
+        if free is not None and free < LOW_SPACE:
+            out["reason"] = (
+                f"disk full: {free / 2**20:.1f} MiB free where the run directory is; free space and "
+                "`ftlaunch launch` it again to resume from the last complete checkpoint"
+            )
     return out
 
 

@@ -102,7 +102,7 @@ def job_request(
     run: RunFile,
     cpu: bool,
     address: str | None = None,
-    storage: Path | None = None,
+    storage: str | Path | None = None,
     max_failures: int = 2,
 ) -> dict:
     """The exact Ray Jobs request for the run directory (what ray_job.json holds)."""
@@ -119,6 +119,26 @@ def job_request(
         },
         "metadata": {"ftlaunch_run": run.name, "ftlaunch_version": __version__},
         "train": {**scaling(run, cpu), "max_failures": max_failures, "storage": str(storage)},
+    }
+
+
+def files(run_dir: Path, run: RunFile) -> dict[str, str]:
+    """The Ray backend's files in a run directory: the request and an example cluster config."""
+    from launcher.backends.ray_cluster import FILE, cluster_yaml
+
+    opts = run.backend["ray"]
+    request = job_request(
+        run_dir,
+        run,
+        opts["cpu"],
+        opts.get("address"),
+        opts.get("storage"),
+        run.backend.get("max_restarts", 0),
+    )
+    c = run.cluster
+    return {
+        REQUEST_FILE: json.dumps(request, indent=2) + "\n",
+        FILE: cluster_yaml(run.name, c["gpu"], c["nodes"], c["gpus_per_node"]),
     }
 
 
@@ -234,18 +254,15 @@ def resolve_address(address: str | None) -> str:
     return address.rstrip("/")
 
 
-def submit(run_dir: Path, address: str | None = None, check_resources: bool = True) -> dict:
+def submit(run_dir: Path) -> dict:
     """Check, upload and submit the run directory's ray_job.json; job.json records the job."""
     run_dir = Path(run_dir).resolve()
     request = read_request(run_dir)
-    address = resolve_address(address or request.get("address"))
+    address = resolve_address(request.get("address"))
     if (run_dir / JOB_FILE).exists() and status(run_dir)["state"] in ACTIVE:
         raise RayError(f"{run_dir.name} is already running; `ftlaunch cancel {run_dir}` first")
     check_upload(request)
-    if check_resources:
-        check_cluster(address, request["train"])
-    else:
-        _get(address, "/api/version")
+    check_cluster(address, request["train"])
     client = _client(address)
     submission_id = f"{request['metadata']['ftlaunch_run']}-{uuid.uuid4().hex[:8]}"
     try:
@@ -292,19 +309,22 @@ def _last_step(cluster_run_dir: str) -> int | None:
 
 
 def status(run_dir: Path) -> dict:
+    """The job's state (UNKNOWN, with the reason, while the cluster does not answer)."""
     run_dir = Path(run_dir).resolve()
     job = _job(run_dir)
-    _get(job["address"], "/api/version")
-    info = _client(job["address"]).get_job_info(job["submission_id"])
-    ray_status = str(getattr(info.status, "value", info.status))
     out = {
         "run": str(run_dir),
         "backend": "ray",
-        "state": STATES.get(ray_status, "UNKNOWN"),
-        "ray_status": ray_status,
         "submission_id": job["submission_id"],
         "address": job["address"],
     }
+    try:
+        _get(job["address"], "/api/version")
+    except RayError as exc:
+        return {**out, "state": "UNKNOWN", "reason": str(exc)}
+    info = _client(job["address"]).get_job_info(job["submission_id"])
+    ray_status = str(getattr(info.status, "value", info.status))
+    out.update(state=STATES.get(ray_status, "UNKNOWN"), ray_status=ray_status)
     step = _last_step(job["cluster_run_dir"])
     if step is not None:
         out["step"] = step
@@ -316,6 +336,7 @@ def status(run_dir: Path) -> dict:
 def follow(run_dir: Path, write, follow_: bool = True) -> dict:
     """Write the job's log (the entrypoint's and, through Ray, every worker's); with follow_, until it ends."""
     job = _job(run_dir)
+    _get(job["address"], "/api/version")
     client = _client(job["address"])
     if not follow_:
         write(client.get_job_logs(job["submission_id"]))
@@ -335,10 +356,11 @@ def follow(run_dir: Path, write, follow_: bool = True) -> dict:
 
 def cancel(run_dir: Path, grace_s: float = 60.0) -> dict:
     """stop_job: Ray signals the entrypoint, which takes the Ray Train workers down with it."""
+    job = _job(run_dir)
+    _get(job["address"], "/api/version")
     st = status(run_dir)
     if st["state"] not in ACTIVE:
         raise RayError(f"{Path(run_dir).name} is {st['state']}, nothing to cancel")
-    job = _job(run_dir)
     _client(job["address"]).stop_job(job["submission_id"])
     deadline = time.time() + grace_s
     while st["state"] in ACTIVE and time.time() < deadline:

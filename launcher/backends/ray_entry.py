@@ -1,16 +1,21 @@
 """The Ray Jobs entrypoint: `python -m launcher.backends.ray_entry`, run by Ray on the cluster in
 the shipped copy of the run directory (the job's working_dir, see launcher/backends/ray.py).
 
-It places the run directory on the storage every node sees (ray_job.json's train.storage / NAME),
-copying the submitted inputs there, and trains it under Ray Train's TorchTrainer: one Ray Train
-worker per rank, each running the worker torchrun runs (launcher.train.loop.train) inside the
-process group Ray Train set up (gloo on CPU workers, nccl on GPU workers).
+It places the run directory on the storage every node sees (ray_job.json's train.storage / NAME,
+copying the submitted inputs there) and trains it under Ray Train's TorchTrainer, one Ray Train
+worker per rank. Each Ray Train worker starts the rank exactly as torchrun does: the same worker
+(`python -m launcher.train RUN_DIR`, here through `ray_entry --rank`) as a child process, with
+RANK / WORLD_SIZE / LOCAL_RANK from Ray Train's context and a rendezvous address that rank 0
+broadcasts. A child process rather than a call: Ray Train runs the training function in a
+thread, where the worker could not install its SIGTERM handler (checkpoint, then exit), and a
+process of its own keeps a failed rank's memory and CUDA state out of the Ray worker. The child
+dies with its Ray worker (PR_SET_PDEATHSIG).
 
-Checkpoints: the worker writes atomic DeepSpeed checkpoints to RUN_DIR/checkpoints. Each one is
-reported to Ray Train as it is saved (a small pointer directory: step, path, loss), so Ray's
-results and UI show them and keep as many as the run keeps. When a worker dies, FailureConfig
-restarts the whole group, and the restarted worker resumes from the newest complete checkpoint on
-the shared storage -- the one last reported.
+Checkpoints: the worker writes atomic checkpoints to RUN_DIR/checkpoints and logs each one in
+logs/metrics.jsonl. Every Ray Train worker reports each of them, in that order, to Ray Train
+(rank 0 with a small pointer checkpoint: step, path, loss), so Ray's results and UI show them.
+When a rank dies, FailureConfig restarts the whole group, and the restarted ranks resume from the
+newest complete checkpoint on the shared storage -- the one last reported.
 """
 
 from __future__ import annotations
@@ -18,16 +23,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+import launcher
 from launcher.backends.ray import REQUEST_FILE
 from launcher.rundir import read_run_dir
 
 POINTER = "ftlaunch_checkpoint.json"
+POLL_S = 1.0
 
 
 def stage(src: Path, run_dir: Path) -> None:
@@ -44,32 +54,38 @@ def stage(src: Path, run_dir: Path) -> None:
             os.replace(tmp, run_dir / path.name)
 
 
-def _last_loss(run_dir: Path) -> dict:
+def _metrics(run_dir: Path) -> list[dict]:
     path = run_dir / "logs" / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-    losses = [r for r in rows if "loss" in r]
-    return {"loss": losses[-1]["loss"]} if losses else {}
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            break
+    return rows
 
 
-def _reporting(save, run_dir: Path):
-    """checkpoint.save, then ray.train.report on every rank (a barrier); rank 0 attaches the pointer."""
+def _saved_steps(rows: list[dict]) -> list[int]:
+    return [r["step"] for r in rows if r.get("event") == "checkpoint"]
+
+
+def _report(run_dir: Path, step: int, rank: int) -> None:
+    """One checkpoint to Ray Train: every rank calls it (a barrier); rank 0 attaches the pointer."""
     import ray.train
 
-    def save_and_report(engine, root, step, *args, **kwargs):
-        path = save(engine, root, step, *args, **kwargs)
-        if ray.train.get_context().get_world_rank() != 0:
-            ray.train.report({"step": step})
-            return path
-        metrics = {"step": step, **_last_loss(run_dir)}
-        with tempfile.TemporaryDirectory() as tmp:
-            Path(tmp, POINTER).write_text(json.dumps({"step": step, "path": str(path), **metrics}))
-            ray.train.report(
-                metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=path.name
-            )
-        return path
-
-    save_and_report.reports_to_ray = True
-    return save_and_report
+    if rank != 0:
+        ray.train.report({"step": step})
+        return
+    losses = [r["loss"] for r in _metrics(run_dir) if r.get("step") == step and "loss" in r]
+    metrics = {"step": step, **({"loss": losses[-1]} if losses else {})}
+    path = run_dir / "checkpoints" / f"step-{step:08d}"
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, POINTER).write_text(json.dumps({**metrics, "path": str(path)}))
+        ray.train.report(
+            metrics, checkpoint=ray.train.Checkpoint.from_directory(tmp), checkpoint_dir_name=path.name
+        )
 
 
 def _restored_step() -> int | None:
@@ -83,52 +99,95 @@ def _restored_step() -> int | None:
         return json.loads(Path(d, POINTER).read_text())["step"]
 
 
-def worker(config: dict) -> None:
-    """One Ray Train worker = one rank: torchrun's environment from Ray Train's context, then the worker."""
-    import ray.train
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
-    from launcher.train import checkpoint, loop
+
+def worker(config: dict) -> None:
+    """One Ray Train worker = one rank: start it, report its checkpoints, fail when it fails."""
+    import ray.train
+    from ray.train.collective import barrier, broadcast_from_rank_zero
+    from ray.util import get_node_ip_address
 
     ctx = ray.train.get_context()
-    os.environ.update(
-        RANK=str(ctx.get_world_rank()),
+    rank = ctx.get_world_rank()
+    run_dir = Path(config["run_dir"])
+    shared = None
+    if rank == 0:
+        host = get_node_ip_address()
+        shared = {"addr": host, "port": _free_port(host), "reported": len(_saved_steps(_metrics(run_dir)))}
+        step = _restored_step()
+        if step is not None:
+            print(
+                f"[ftlaunch] Ray Train restarted the ranks (last checkpoint reported: step {step}); they "
+                "resume from the newest complete checkpoint in the run directory",
+                flush=True,
+            )
+    shared = broadcast_from_rank_zero(shared)
+    env = dict(os.environ)
+    env.update(
+        RANK=str(rank),
         WORLD_SIZE=str(ctx.get_world_size()),
         LOCAL_RANK=str(ctx.get_local_rank()),
         LOCAL_WORLD_SIZE=str(ctx.get_local_world_size()),
         NODE_RANK=str(ctx.get_node_rank()),
+        MASTER_ADDR=shared["addr"],
+        MASTER_PORT=str(shared["port"]),
+        PYTHONPATH=os.pathsep.join([str(Path(launcher.__file__).parent.parent), env.get("PYTHONPATH", "")]),
     )
-    run_dir = Path(config["run_dir"])
-    step = _restored_step()
-    if step is not None and ctx.get_world_rank() == 0:
-        print(
-            f"[ftlaunch] Ray Train restarted the workers; last reported checkpoint: step {step}", flush=True
-        )
-    if not getattr(checkpoint.save, "reports_to_ray", False):
-        checkpoint.save = _reporting(checkpoint.save, run_dir)
-    code = loop.train(run_dir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.backends.ray_entry", "--rank", str(run_dir)], env=env
+    )
+    reported = shared["reported"]
+    while (code := proc.poll()) is None:
+        for step in _saved_steps(_metrics(run_dir))[reported:]:
+            _report(run_dir, step, rank)
+            reported += 1
+        time.sleep(POLL_S)
     if code != 0:
         # 75: preempted after a checkpoint; failing the attempt lets FailureConfig resume it
-        raise RuntimeError(f"rank {ctx.get_world_rank()}: the worker exited with code {code}")
+        raise RuntimeError(f"rank {rank}: the worker exited with code {code}")
+    barrier()  # every rank has ended: the metrics are final, so every rank reports the same checkpoints
+    for step in _saved_steps(_metrics(run_dir))[reported:]:
+        _report(run_dir, step, rank)
+
+
+def rank_main(run_dir: str) -> int:
+    """The child: die with the Ray worker that started it, then run the worker as torchrun would."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before prctl
+        return 1
+    from launcher.train.loop import main as train_main
+
+    return train_main([run_dir])
 
 
 def main() -> int:
     # keep a loopback head's 127.0.0.1 (cluster/ray_up.sh); harmless elsewhere
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     shipped = Path.cwd()
     train = json.loads((shipped / REQUEST_FILE).read_text())["train"]
     run = read_run_dir(shipped)
     run_dir = Path(train["storage"]) / run.name
     stage(shipped, run_dir)
-    name = f"{run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"  # unique per attempt
+    name = f"{run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"  # unique per submission
     print(
         f"[ftlaunch] training {run_dir} under Ray Train ({train['num_workers']} workers, {name})", flush=True
     )
     trainer = TorchTrainer(
         worker,
         train_loop_config={"run_dir": str(run_dir)},
+        # the Ray workers' own process group only coordinates; the ranks make theirs (nccl on GPUs)
+        torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(
             num_workers=train["num_workers"],
             use_gpu=train["use_gpu"],
@@ -155,4 +214,6 @@ if __name__ == "__main__":
     # run the importable module rather than __main__, so Ray ships `worker` to the workers by reference
     from launcher.backends import ray_entry
 
+    if sys.argv[1:2] == ["--rank"]:
+        sys.exit(ray_entry.rank_main(sys.argv[2]))
     sys.exit(ray_entry.main())

@@ -79,9 +79,22 @@ def _mb(size: str) -> float:
     return int(m.group(1)) * _SIZE_MB[m.group(2)] if m else 0
 
 
+def minutes(limit: str) -> float | None:
+    """A Slurm time limit in minutes ('30', '1:30:00', '2-12', '2-12:00:00', ...); None = unlimited."""
+    if limit.upper() in ("UNLIMITED", "INFINITE", "NONE"):
+        return None
+    days, _, rest = limit.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, mins, secs = (parts + [0, 0])[:3]
+    else:  # minutes[:seconds] or hours:minutes:seconds
+        hours, mins, secs = [0, *parts, 0][:3] if len(parts) < 3 else parts
+    return int(days or 0) * 1440 + hours * 60 + mins + secs / 60
+
+
 def check(opts: SlurmOptions, nnodes: int, gpus_per_node: int) -> None:
-    """Raise SlurmError unless the partition exists and has `nnodes` nodes that each have
-    `gpus_per_node` GPUs (and the CPUs and memory asked for)."""
+    """Raise SlurmError unless the partition exists, allows the time limit asked for and has
+    `nnodes` nodes that each have `gpus_per_node` GPUs (and the CPUs and memory asked for)."""
     run(["sbatch", "--version"])  # Slurm installed
     parts = _records(["scontrol", "show", "partition", "-o"])
     names = [p.get("PartitionName", "?") for p in parts]
@@ -97,6 +110,15 @@ def check(opts: SlurmOptions, nnodes: int, gpus_per_node: int) -> None:
             raise SlurmError(f"this cluster has no default partition; pass --partition ({', '.join(names)})")
         name = defaults[0]
     part = parts[names.index(name)]
+    max_time = part.get("MaxTime", "UNLIMITED")
+    if (
+        opts.time
+        and minutes(max_time) is not None
+        and (minutes(opts.time) or float("inf")) > minutes(max_time)
+    ):
+        raise SlurmError(
+            f"partition {name!r} allows jobs of at most {max_time}; --time {opts.time} is longer"
+        )
     max_nodes = part.get("MaxNodes", "UNLIMITED")
     if max_nodes.isdigit() and int(max_nodes) < nnodes:
         raise SlurmError(

@@ -19,6 +19,9 @@ def main(argv: list[str]) -> int:
     run_dir = Path(argv[0]).resolve()
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
+    # reserve the exit-code file now: if the disk fills up during the job, it can still be written
+    pending = logs / ".exit_code.pending"
+    pending.write_bytes(b" " * 32)
     with open(logs / "launcher.log", "ab", buffering=0) as log:
         proc = subprocess.Popen(
             ["bash", str(run_dir / "launch.sh")], stdout=log, stderr=subprocess.STDOUT, cwd=run_dir
@@ -34,9 +37,9 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGINT, forward)
         signal.signal(signal.SIGUSR1, forward)
         code = proc.wait()
-    tmp = logs / ".exit_code.tmp"
-    tmp.write_text(f"{code}\n")
-    os.replace(tmp, logs / "exit_code")
+    with open(pending, "r+b") as f:  # in place: needs no new space
+        f.write(f"{code}\n".encode().ljust(32))
+    os.replace(pending, logs / "exit_code")
     return code
 
 

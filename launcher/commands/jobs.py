@@ -16,7 +16,11 @@ from pathlib import Path
 from launcher.errors import FtlaunchError
 
 DEFAULT_ROOT = Path("runs")
-_BACKENDS = {"torchrun": "launcher.backends.local", "slurm": "launcher.backends.slurm"}
+_BACKENDS = {
+    "torchrun": "launcher.backends.local",
+    "slurm": "launcher.backends.slurm",
+    "ray": "launcher.backends.ray",
+}
 _DONE = ("SUCCEEDED", "COMPLETED")  # a job that ended well, as the backends call it
 
 
@@ -54,10 +58,21 @@ def add_parsers(sub) -> None:
     p.add_argument("target", metavar="RUN", help="run directory or name under ./runs")
     p.add_argument("--grace", type=float, default=60.0, help="seconds before SIGKILL (default 60)")
     p.set_defaults(run_cmd=run_cancel)
-    for name in ("launch", "status", "logs", "cancel"):
+    p = sub.add_parser(
+        "preflight",
+        help="check a run directory before queueing it",
+        description="Check a run directory: data, model, GPUs, DeepSpeed ops, and (unless --no-allreduce) one "
+        "all-reduce over every rank with the job's own launch command, naming the host that fails.",
+    )
+    p.add_argument("target", metavar="RUN", help="run directory or name under ./runs")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds for the all-reduce (default 60)")
+    p.add_argument("--no-allreduce", action="store_true", help="only the static checks")
+    p.set_defaults(run_cmd=run_preflight)
+    for name in ("launch", "status", "logs", "cancel", "preflight"):
         sub.choices[name].set_defaults(run=_dispatch)
     p = sub.add_parser("jobs", help="list runs with a job and their states", description="List jobs.")
     p.add_argument("--runs-dir", type=Path, default=DEFAULT_ROOT, metavar="DIR", help="default ./runs")
+    p.add_argument("--address", metavar="URL", help="also list the ftlaunch jobs on this Ray cluster")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=run_jobs)
 
@@ -67,12 +82,15 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def backend(run_dir: Path, launching: bool = False):
-    """The backend module (submit / status / follow / cancel) that runs or ran this run directory."""
+    """The backend module (submit / status / follow / cancel) of a run directory: plan.json's
+    when launching, then job.json's (any backend reports a run without a job as NOT_STARTED)."""
     from launcher.rundir import read_run_dir
 
     job = run_dir / "job.json"
-    name = json.loads(job.read_text()).get("backend") if job.is_file() and not launching else None
-    name = name or read_run_dir(run_dir).backend.get("name", "torchrun")
+    if launching:
+        name = read_run_dir(run_dir).backend.get("name", "torchrun")
+    else:
+        name = json.loads(job.read_text()).get("backend", "torchrun") if job.is_file() else "torchrun"
     if name not in _BACKENDS:
         raise FtlaunchError(f"{run_dir.name}: unknown backend {name!r}; write the run directory again")
     return importlib.import_module(_BACKENDS[name])
@@ -91,6 +109,8 @@ def start(run_dir: Path, detach: bool, skip_preflight: bool) -> int:
         check_run_dir(run_dir)
     job = be.submit(run_dir)
     queued = f"queued as Slurm job {job['job_id']}" if "job_id" in job else "started"
+    if "submission_id" in job:
+        queued = f"submitted to Ray as {job['submission_id']}"
     print(f"{run_dir.name}: {queued}  (ftlaunch status {run_dir} | logs -f | cancel)", flush=True)
     if detach:
         return 0
@@ -103,7 +123,7 @@ def run_launch(args, run_dir: Path) -> int:
     return start(run_dir, args.detach, args.skip_preflight)
 
 
-_SHOWN = ("step", "job_id", "slurm_state", "restarts", "exit_code", "pid", "reason")
+_SHOWN = ("step", "job_id", "slurm_state", "submission_id", "restarts", "exit_code", "pid", "reason")
 
 
 def run_status(args, run_dir: Path) -> int:
@@ -138,15 +158,35 @@ def run_jobs(args) -> int:
 
         dirs += [Path(q["run"]) for q in slurm.queue() if Path(q["run"]) not in dirs]
     rows = [backend(d).status(d) for d in dirs]
+    if args.address:
+        from launcher.backends import ray
+
+        known = {st.get("submission_id") for st in rows}
+        rows += [r for r in ray.list_jobs(args.address) if r["submission_id"] not in known]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     for st in rows:
-        job = st.get("job_id") or st.get("pid") or "-"
+        job = st.get("job_id") or st.get("submission_id") or st.get("pid") or "-"
         step = st.get("step", "-")
         print(
             f"{Path(st['run']).name:40} {st.get('backend', '-'):9} {st['state']:11} job {job:<8} step {step}"
         )
     if not rows:
         print(f"no jobs under {args.runs_dir}")
+    return 0
+
+
+def run_preflight(args, run_dir: Path) -> int:
+    from launcher.preflight import allreduce, check_run_dir
+
+    check_run_dir(run_dir)
+    print(f"{run_dir.name}: run directory, data, model, GPUs and DeepSpeed ops ok")
+    if not args.no_allreduce:
+        reports = allreduce(run_dir, args.timeout)
+        slowest = max(r["seconds"] for r in reports)
+        hosts = sorted({r["host"] for r in reports})
+        print(
+            f"all-reduce over {len(reports)} ranks on {', '.join(hosts)} ok ({slowest:.1f} s); run dir shared"
+        )
     return 0

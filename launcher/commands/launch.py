@@ -20,9 +20,11 @@ EPILOG = """examples:
   ftlaunch --model llama-3.1-8b --gpus 8xH100 --method lora --data train.jsonl
   ftlaunch --model tiny-llama --gpus 1x2xA100 --cpu --init random --zero-stage 3 --max-steps 30
   ftlaunch --model llama-3.1-70b --gpus 4x8xH100 --method lora --backend slurm --partition gpu --time 2-00:00:00
+  ftlaunch --model llama-3.1-8b --gpus 2x8xA100 --method lora --backend ray --address http://HEAD:8265
 
 The run directory holds plan.json, ds_config.json, accelerate_config.yaml, launch.sh,
-explain.txt (and device_map.json for pipeline plans; job.sbatch for --backend slurm).
+explain.txt (and device_map.json for pipeline plans; job.sbatch for --backend slurm;
+ray_job.json and ray_cluster.yaml for --backend ray).
 `ftlaunch status|logs|cancel RUN` watch it. Multi-node without Slurm: pass --rdzv-endpoint
 HEAD:PORT and run the written launch.sh on every node."""
 
@@ -123,75 +125,58 @@ def add_parser(sub) -> None:
     r.add_argument("--json", action="store_true", help="print the plan and run directory as JSON")
     r.add_argument(
         "--backend",
-        choices=("torchrun", "slurm"),
+        choices=("torchrun", "slurm", "ray"),
         default="torchrun",
-        help="torchrun on this machine (default) or a Slurm batch job (job.sbatch)",
+        help="torchrun on this machine (default), a Slurm batch job (job.sbatch) or a Ray job (ray_job.json)",
     )
     _add_slurm_options(p)
+    g = p.add_argument_group("Ray (with --backend ray)")
+    g.add_argument(
+        "--address", metavar="URL", help="the Ray dashboard, http://HEAD:8265 (default $RAY_ADDRESS)"
+    )
+    g.add_argument(
+        "--ray-storage",
+        type=Path,
+        metavar="DIR",
+        help="a directory every Ray node sees; the run lives in DIR/NAME there (default: --runs-dir)",
+    )
     p.set_defaults(run=run)
 
 
-# Slurm flags: flag -> (SlurmOptions field, argparse keywords)
+# Slurm flags: flag -> (SlurmOptions field, metavar, help, other argparse keywords)
+_POS, _NONNEG, _MANY = (
+    {"type": options.positive_int},
+    {"type": options.non_negative_int},
+    {"action": "append"},
+)
 _SLURM_FLAGS = {
-    "--partition": ("partition", dict(metavar="NAME", help="partition (default: the cluster's default)")),
-    "--account": ("account", dict(metavar="NAME", help="account to charge")),
-    "--qos": ("qos", dict(metavar="NAME", help="quality of service")),
-    "--time": ("time", dict(metavar="T", help="time limit: MINUTES, HH:MM:SS or D-HH:MM:SS")),
-    "--constraint": ("constraint", dict(metavar="EXPR", help="node features, e.g. 'a100&ib'")),
-    "--job-name": ("job_name", dict(metavar="NAME", help="job name (default: the run name)")),
-    "--cpus-per-node": (
-        "cpus_per_node",
-        dict(
-            type=options.positive_int, metavar="N", help="CPUs per node (default: whole nodes, --exclusive)"
-        ),
-    ),
-    "--mem": ("mem", dict(metavar="SIZE", help="memory per node, e.g. 500G (default 0: all of it)")),
-    "--sbatch-line": (
-        "sbatch_lines",
-        dict(
-            action="append", metavar="OPT", help="extra #SBATCH directive, e.g. --mail-type=END (repeatable)"
-        ),
-    ),
-    "--setup": (
-        "setup",
-        dict(
-            action="append",
-            metavar="LINE",
-            help="shell line run before srun, e.g. 'module load cuda' (repeatable)",
-        ),
-    ),
-    "--container-image": (
-        "container_image",
-        dict(metavar="IMAGE", help="run the ranks in this image (pyxis)"),
-    ),
-    "--signal-lead": (
-        "signal_lead",
-        dict(
-            type=options.positive_int,
-            metavar="S",
-            help="seconds before the time limit to checkpoint and requeue (default 180)",
-        ),
-    ),
-    "--max-requeues": (
-        "max_requeues",
-        dict(
-            type=options.non_negative_int, metavar="N", help="most times the job requeues itself (default 3)"
-        ),
-    ),
+    "--partition": ("partition", "NAME", "partition (default: the cluster's default)", {}),
+    "--account": ("account", "NAME", "account to charge", {}),
+    "--qos": ("qos", "NAME", "quality of service", {}),
+    "--time": ("time", "T", "time limit: MINUTES, HH:MM:SS or D-HH:MM:SS", {}),
+    "--constraint": ("constraint", "EXPR", "node features, e.g. 'a100&ib'", {}),
+    "--job-name": ("job_name", "NAME", "job name (default: the run name)", {}),
+    "--cpus-per-node": ("cpus_per_node", "N", "CPUs per node (default: whole nodes, --exclusive)", _POS),
+    "--mem": ("mem", "SIZE", "memory per node, e.g. 500G (default 0: all of it)", {}),
+    "--sbatch-line": ("sbatch_lines", "OPT", "extra #SBATCH line, e.g. --mail-type=END (repeatable)", _MANY),
+    "--setup": ("setup", "LINE", "shell line run before srun, e.g. 'module load cuda' (repeatable)", _MANY),
+    "--container-image": ("container_image", "IMAGE", "run the ranks in this container image (pyxis)", {}),
+    "--signal-lead": ("signal_lead", "S", "seconds before the time limit to checkpoint (default 180)", _POS),
+    "--max-requeues": ("max_requeues", "N", "most times the job requeues itself (default 3)", _NONNEG),
 }
 
 
 def _add_slurm_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Slurm (with --backend slurm)")
-    for flag, (field, kwargs) in _SLURM_FLAGS.items():
-        g.add_argument(flag, dest=field, **kwargs)
+    for flag, (field, metavar, help_, kwargs) in _SLURM_FLAGS.items():
+        g.add_argument(flag, dest=field, metavar=metavar, help=help_, **kwargs)
 
 
 def _slurm_options(args):
     """SlurmOptions for --backend slurm; None for torchrun (where no Slurm flag may be given)."""
-    values = {field: getattr(args, field) for field, _ in _SLURM_FLAGS.values()}
+    values = {spec[0]: getattr(args, spec[0]) for spec in _SLURM_FLAGS.values()}
     if args.backend != "slurm":
-        given = [flag for flag, (field, _) in _SLURM_FLAGS.items() if values[field] is not None]
+        given = [flag for flag, spec in _SLURM_FLAGS.items() if values[spec[0]] is not None]
         if given:
             raise FtlaunchError(f"{', '.join(given)} only apply to --backend slurm; add it or drop them")
         return None
@@ -202,6 +187,19 @@ def _slurm_options(args):
     from launcher.backends import slurm_script
 
     return slurm_script.options(**values)
+
+
+def _ray_options(args) -> dict | None:
+    """The Ray settings for --backend ray (backends/ray.py); None for the other backends."""
+    if args.backend != "ray":
+        given = [f for f, v in (("--address", args.address), ("--ray-storage", args.ray_storage)) if v]
+        if given:
+            raise FtlaunchError(f"{', '.join(given)}: only for --backend ray; add it or drop them")
+        return None
+    if args.rdzv_endpoint:
+        raise FtlaunchError("--rdzv-endpoint is for --backend torchrun; Ray Train connects the ranks itself")
+    storage = args.ray_storage.resolve() if args.ray_storage else None
+    return {"address": args.address, "storage": str(storage) if storage else None, "cpu": args.cpu}
 
 
 def _plan(args):
@@ -244,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
     from launcher.rundir import TrainingConfig, check_name
 
     slurm = _slurm_options(args)
+    ray = _ray_options(args)
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)
@@ -275,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         training,
         max_restarts=args.max_restarts,
         slurm=slurm,
+        ray=ray,
     )
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
     explain = _explain_text(result)
@@ -294,21 +294,30 @@ def run(args: argparse.Namespace) -> int:
         from launcher.backends.slurm_script import SCRIPT, submit_argv
 
         command, argv = shlex.join(submit_argv(run_dir)), submit_argv(run_dir)
+    if ray is not None:
+        command, argv = f"ftlaunch launch {shlex.quote(str(run_dir))}", ["ftlaunch", "launch", str(run_dir)]
     if args.json:
         out = {"run_dir": str(run_dir), "launch": command, "argv": argv, "plan": best.to_dict()}
         if slurm is not None:
             out["sbatch"] = (run_dir / SCRIPT).read_text()
+        if ray is not None:
+            out["ray_job"] = json.loads((run_dir / "ray_job.json").read_text())
         print(json.dumps(out, indent=2))
     else:
         print(explain, end="")
-        if slurm is None:
+        if ray is not None:
+            request = (run_dir / "ray_job.json").read_text()
+            print(
+                f"\nrun directory: {run_dir}\nRay job request (ray_job.json):\n{request}submit command: {command}"
+            )
+        elif slurm is None:
             print(f"\nrun directory: {run_dir}\nlaunch command: {command}\n  = {shlex.join(argv)}")
         else:
             script = (run_dir / SCRIPT).read_text() if args.dry_run else f"(in {run_dir / SCRIPT})\n"
             print(f"\nrun directory: {run_dir}\nbatch script:\n{script}submit command: {command}")
     if args.dry_run:
         return 0
-    if not args.cpu and slurm is None:
+    if not args.cpu and args.backend == "torchrun":
         _require_gpus(cluster)
     from launcher.commands.jobs import start
 

@@ -25,16 +25,20 @@ def run_file(
     training: TrainingConfig,
     max_restarts: int = 2,
     slurm=None,
+    ray: dict | None = None,
 ) -> RunFile:
-    """plan.json's content; `slurm` (backends.slurm_script.SlurmOptions) makes it a Slurm run."""
+    """plan.json's content; `slurm` (backends.slurm_script.SlurmOptions) makes it a Slurm run, `ray`
+    (address, storage, cpu: see backends/ray.py) a Ray run."""
     backend = {
-        "name": "torchrun" if slurm is None else "slurm",
+        "name": "slurm" if slurm is not None else "ray" if ray is not None else "torchrun",
         "nproc_per_node": cluster.gpus_per_node,
         "nnodes": cluster.nodes,
         "max_restarts": max_restarts,
     }
     if slurm is not None:
         backend["slurm"] = slurm.model_dump()
+    if ray is not None:
+        backend["ray"] = ray
     return new_run_file(
         name=name,
         model={"name": arch.name, "source": source, "hf_config": copy.deepcopy(arch.hf_config)},
@@ -97,5 +101,9 @@ def write(
             env or {},
             slurm_script.SlurmOptions(**run.backend["slurm"]),
         )
+    if run.backend.get("name") == "ray":
+        from launcher.backends import ray
+
+        files.update(ray.files(run_dir, run))
     write_run_dir(root, run, files, executable=("launch.sh",))
     return run_dir, argv

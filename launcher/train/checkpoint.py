@@ -12,6 +12,16 @@ import re
 import shutil
 from pathlib import Path
 
+from launcher.errors import FtlaunchError
+
+# below this much free space a failed save is reported as a full disk
+_LOW_SPACE = 64 * 2**20
+
+
+class CheckpointError(FtlaunchError):
+    pass
+
+
 _TAG = re.compile(r"^step-(\d{8})$")
 
 
@@ -75,3 +85,25 @@ def load_rank_state(ckpt: Path) -> dict | None:
 
     path = ckpt / f"rank-{int(os.environ.get('RANK', '0')):05d}.pt"
     return torch.load(path, weights_only=False) if path.exists() else None
+
+
+def failure(root: Path, step: int, exc: BaseException) -> CheckpointError:
+    """A failed save as one clear line; the unfinished directory is removed, the last complete
+    checkpoint is untouched."""
+    shutil.rmtree(root / (".tmp-" + tag_for(step)), ignore_errors=True)
+    last = latest(root)
+    kept = (
+        f"the last complete checkpoint, step {last[0]}, is intact" if last else "no earlier checkpoint exists"
+    )
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    full = (isinstance(exc, OSError) and exc.errno == 28) or (free is not None and free < _LOW_SPACE)
+    if full:
+        what = f"no space left on the device of {root}"
+        todo = "free space (or write runs elsewhere with --runs-dir) and launch again to resume"
+    else:
+        what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        todo = "fix the cause and launch again to resume"
+    return CheckpointError(f"saving checkpoint step {step} failed ({what}); {kept}; {todo}")

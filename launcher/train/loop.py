@@ -157,7 +157,10 @@ def train(run_dir: Path) -> int:
         torch.distributed.barrier()
 
     def save(step: int) -> None:
-        ckpt.save(engine, root, step, {"step": step}, _rng_state(), cfg.keep_last, barrier)
+        try:
+            ckpt.save(engine, root, step, {"step": step}, _rng_state(), cfg.keep_last, barrier)
+        except Exception as exc:  # noqa: BLE001 - torch reports a full disk as RuntimeError
+            raise ckpt.failure(root, step, exc) from None
         _log(run_dir, rank, {"event": "checkpoint", "step": step})
 
     for step in range(start, cfg.max_steps):

@@ -1,0 +1,58 @@
+"""`ftlaunch preflight`: passes on a healthy run dir (real all-reduce over the job's ranks) and
+names the problem in one line otherwise."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from launcher.cli import main
+from launcher.spec import TrainSpec
+from tests.runs import cpu_env, make_run
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    for k, v in cpu_env().items():
+        monkeypatch.setenv(k, v)
+
+
+def test_healthy_run_dir_passes_with_a_real_allreduce(tmp_path, capsys, cpu):
+    run_dir, _ = make_run(tmp_path, "ok", TrainSpec(zero_stage=2, micro_batch=2, seq_len=64))
+    assert main(["preflight", str(run_dir), "--timeout", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "all-reduce over 2 ranks" in out and "ok" in out
+
+
+def test_gpu_plan_on_a_cpu_machine_is_refused(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count():
+        pytest.skip("this machine has GPUs")
+    code = main(
+        ["--model", "tiny-llama", "--gpus", "1x2xA100", "--init", "random", "--dry-run"]
+        + ["--name", "gpu", "--runs-dir", str(tmp_path)]
+    )
+    assert code == 0
+    capsys.readouterr()
+    assert main(["preflight", str(tmp_path / "gpu"), "--no-allreduce"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "NVIDIA GPU" in err[0]
+
+
+def test_busy_rendezvous_port_is_named(tmp_path, capsys, cpu):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code = main(
+            ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "random", "--dry-run"]
+            + ["--name", "rdzv", "--runs-dir", str(tmp_path), "--rdzv-endpoint", f"127.0.0.1:{port}"]
+        )
+        assert code == 0
+        capsys.readouterr()
+        assert main(["preflight", str(tmp_path / "rdzv"), "--timeout", "5"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(port) in err[0] and "in use" in err[0]

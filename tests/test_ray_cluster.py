@@ -1,0 +1,163 @@
+"""The Ray backend against a real Ray cluster on this machine (cluster/ray_up.sh: a loopback head
+with 4 CPUs and 8 fake GPUs). A tiny Llama trains under Ray Train with 2 CPU workers to the end,
+its log followed; a SIGKILLed rank makes Ray restart the group, which resumes from the last
+checkpoint with no step lost and the same loss curve; cancel stops the job; a cluster without the
+requested GPUs is refused within seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import ray as ray_backend
+from launcher.cli import main
+from launcher.rundir import read_run_dir, write_run_dir
+from launcher.spec import TrainSpec
+from tests.runs import ROOT, make_run
+from tests.test_train_faults import curve, events, started_steps, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+pytest.importorskip("ray")
+pytest.importorskip("deepspeed")
+
+SPEC = TrainSpec(zero_stage=2, micro_batch=2, seq_len=64)
+STEPS = 12
+
+
+def _answers(address: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{address}/api/version", timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """The dashboard address of the local Ray head; stopped at the end if this session started it."""
+    env = dict(os.environ)
+    ray_exe = Path(sys.executable).parent / "ray"
+    if ray_exe.exists():
+        env["RAY"] = str(ray_exe)
+    address = f"http://127.0.0.1:{env.get('FTLAUNCH_RAY_DASHBOARD_PORT', '8265')}"
+    started = not _answers(address)
+    up = subprocess.run(
+        ["bash", str(ROOT / "cluster" / "ray_up.sh")], env=env, capture_output=True, text=True, timeout=180
+    )
+    assert up.returncode == 0, up.stderr[-2000:]
+    assert up.stdout.split()[-1] == address
+    yield address
+    if started:
+        subprocess.run(["bash", str(ROOT / "cluster" / "ray_down.sh")], env=env, timeout=120, check=False)
+
+
+def ray_run(root: Path, name: str, address: str, **training) -> Path:
+    """A tiny-model run directory (tests/runs.py) made a Ray run: plan.json's backend and ray_job.json."""
+    run_dir, _ = make_run(root, name, SPEC, lr=1e-3, **training)
+    run = read_run_dir(run_dir)
+    backend = {**run.backend, "name": "ray", "ray": {"address": address, "storage": None, "cpu": True}}
+    run = run.model_copy(update={"backend": backend})
+    write_run_dir(root, run, ray_backend.files(run_dir, run))
+    return run_dir
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def finished(ray_cluster, tmp_path_factory):
+    """An uninterrupted run started with `ftlaunch launch`, its log followed to the end."""
+    root = tmp_path_factory.mktemp("ray")
+    run_dir = ray_run(root, "whole", ray_cluster, max_steps=STEPS, save_every=4)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "launch", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=root,
+    )
+    return run_dir, out
+
+
+def test_trains_to_the_end_and_succeeds(finished, ray_cluster, capsys):
+    run_dir, out = finished
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert "submitted to Ray as whole-" in out.stdout
+    assert "[ftlaunch] step 1 " in out.stdout and "[ftlaunch] event finished" in out.stdout  # followed
+    assert out.stdout.rstrip().endswith("whole: SUCCEEDED")
+    st = ray_backend.status(run_dir)
+    assert st["state"] == "SUCCEEDED" and st["ray_status"] == "SUCCEEDED" and st["step"] == STEPS
+    assert sorted(curve(run_dir)) == list(range(1, STEPS + 1))
+    assert json.loads((run_dir / "output" / "final.json").read_text())["steps"] == STEPS
+    # Ray Train saw every checkpoint, keeps as many as the run does, and the last one is the last step
+    pointers = sorted((run_dir / "ray").glob("*/step-*/ftlaunch_checkpoint.json"))
+    assert len(pointers) == read_run_dir(run_dir).training.keep_last
+    last = json.loads(pointers[-1].read_text())
+    assert last["step"] == STEPS and last["loss"] == curve(run_dir)[STEPS]
+    assert Path(last["path"]) == run_dir / "checkpoints" / f"step-{STEPS:08d}"
+    # and it is watchable like the other backends
+    assert main(["status", str(run_dir)]) == 0
+    assert "whole: SUCCEEDED  step=12  submission_id=whole-" in capsys.readouterr().out
+    assert main(["logs", str(run_dir)]) == 0
+    assert "[ftlaunch] event finished" in capsys.readouterr().out
+    assert main(["jobs", "--runs-dir", str(run_dir.parent), "--address", ray_cluster, "--json"]) == 0
+    jobs = json.loads(capsys.readouterr().out)
+    assert [j["state"] for j in jobs if j["submission_id"] == st["submission_id"]] == ["SUCCEEDED"]
+
+
+def test_sigkill_of_a_rank_restarts_the_group_and_resumes_with_the_same_curve(
+    finished, ray_cluster, tmp_path
+):
+    reference = curve(finished[0])
+    run_dir = ray_run(tmp_path, "killed", ray_cluster, max_restarts=1, max_steps=STEPS, save_every=4)
+    ray_backend.submit(run_dir)
+    wait_for(lambda: started_steps(run_dir) >= 6, 300, "step 6")
+    os.kill(int((run_dir / "logs" / "pids" / "rank-1").read_text()), signal.SIGKILL)
+    log: list[str] = []
+    st = ray_backend.follow(run_dir, log.append)
+    assert st["state"] == "SUCCEEDED", "".join(log)[-4000:]
+    assert "Ray Train restarted the ranks" in "".join(log)
+    resumed = [e for e in events(run_dir) if e["event"] == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["step"] in (4, 8)
+    got = curve(run_dir)
+    assert sorted(got) == list(range(1, STEPS + 1))  # every step, none lost
+    for step, loss in reference.items():
+        assert got[step] == pytest.approx(loss, abs=1e-4), step
+
+
+def test_cancel_stops_the_job_and_its_ranks(ray_cluster, tmp_path, capsys):
+    run_dir = ray_run(tmp_path, "cancelled", ray_cluster, max_steps=2000, save_every=1000)
+    ray_backend.submit(run_dir)
+    wait_for(lambda: started_steps(run_dir) >= 2, 300, "step 2")
+    pids = [int(p.read_text()) for p in (run_dir / "logs" / "pids").iterdir()]
+    assert main(["cancel", str(run_dir)]) == 0
+    assert capsys.readouterr().out.strip() == "cancelled: CANCELLED"
+    assert ray_backend.status(run_dir)["ray_status"] == "STOPPED"
+    wait_for(lambda: not any(_alive(p) for p in pids), 60, "the ranks to exit")
+    assert started_steps(run_dir) < 2000
+
+
+def test_a_cluster_without_the_gpus_is_refused_within_seconds(ray_cluster, tmp_path, capsys):
+    t0 = time.time()
+    code = main(
+        ["--model", "tiny-llama", "--gpus", "2x8xA100", "--init", "random", "--backend", "ray"]
+        + ["--address", ray_cluster, "--runs-dir", str(tmp_path), "--name", "big", "--skip-preflight"]
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert time.time() - t0 < 10
+    assert "has 8 GPU(s)" in err[0] and "16 GPU" in err[0]
+    assert not (tmp_path / "big" / "job.json").exists()
