@@ -7,9 +7,12 @@ directories are unfinished saves (a crash mid-save) and are removed at the next 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from launcher.errors import FtlaunchError
@@ -23,6 +26,7 @@ class CheckpointError(FtlaunchError):
 
 
 _TAG = re.compile(r"^step-(\d{8})$")
+LAYOUT = "layout.json"  # world size, TP degree and ZeRO stage the checkpoint was written with
 
 
 def tag_for(step: int) -> str:
@@ -52,7 +56,7 @@ def clean_partial(root: Path) -> None:
 
 
 def save(
-    engine, root: Path, step: int, client_state: dict, rank_state: dict, keep_last: int, barrier
+    engine, root: Path, step: int, client_state: dict, rank_state: dict, keep_last: int, barrier, layout: dict
 ) -> Path:
     """Collective: every rank calls it. Returns the final checkpoint directory."""
     tag = tag_for(step)
@@ -64,6 +68,8 @@ def save(
     import torch
 
     torch.save(rank_state, tmp_dir / f"rank-{rank:05d}.pt")
+    if rank == 0:
+        (tmp_dir / LAYOUT).write_text(json.dumps(layout))
     barrier()
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and tmp_dir.exists():
         # one rename per node: on a shared filesystem the first one wins, the rest find nothing
@@ -107,3 +113,28 @@ def failure(root: Path, step: int, exc: BaseException) -> CheckpointError:
         what = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         todo = "fix the cause and launch again to resume"
     return CheckpointError(f"saving checkpoint step {step} failed ({what}); {kept}; {todo}")
+
+
+def saved_layout(ckpt: Path) -> dict | None:
+    path = ckpt / LAYOUT
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def to_universal(ckpt: Path, rank: int, barrier) -> Path:
+    """Convert a checkpoint written with another world size into DeepSpeed's universal format
+    (rank 0 converts, everyone waits); returns the directory holding the converted tag."""
+    out_root = ckpt.parent / "universal"
+    target = out_root / ckpt.name
+    if rank == 0 and not target.exists():
+        tmp = out_root / (".tmp-" + ckpt.name)
+        shutil.rmtree(tmp, ignore_errors=True)
+        argv = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(ckpt)]
+        argv += ["--output_folder", str(tmp), "--num_extract_workers", "1", "--num_merge_workers", "1"]
+        argv += ["--inject_missing_state"]  # HF models carry no Megatron universal_checkpoint_info
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise CheckpointError(f"converting {ckpt.name} to a universal checkpoint failed: {tail[0][:200]}")
+        os.replace(tmp, target)
+    barrier()
+    return out_root

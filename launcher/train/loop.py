@@ -135,20 +135,27 @@ def train(run_dir: Path) -> int:
     def schedule(opt):
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
 
+    root = run_dir / "checkpoints"
+    layout = {"world": world, "tp": spec.tp, "zero_stage": spec.zero_stage}
+    found = ckpt.latest(root)
+    load_root = root
+    if found and (saved := ckpt.saved_layout(found[1])) and (saved["world"], saved["tp"]) != (world, spec.tp):
+        # planned again for another GPU count: resume through DeepSpeed's universal checkpoint
+        load_root = ckpt.to_universal(found[1], rank, torch.distributed.barrier)
+        ds_config.setdefault("checkpoint", {})["load_universal"] = True
+        _log(run_dir, rank, {"event": "universal", "from_world": saved["world"], "to_world": world})
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=params, config=ds_config, optimizer=optimizer, lr_scheduler=schedule
     )
     device = engine.device
 
-    root = run_dir / "checkpoints"
     if rank == 0:
         ckpt.clean_partial(root)
     engine.barrier() if hasattr(engine, "barrier") else torch.distributed.barrier()
     start = 0
-    found = ckpt.latest(root)
     if found:
         step, path = found
-        engine.load_checkpoint(str(root), tag=path.name, load_module_strict=False)
+        engine.load_checkpoint(str(load_root), tag=path.name, load_module_strict=False)
         _restore_rng(ckpt.load_rank_state(path))
         start = step
         _log(run_dir, rank, {"event": "resumed", "step": step})
@@ -158,7 +165,7 @@ def train(run_dir: Path) -> int:
 
     def save(step: int) -> None:
         try:
-            ckpt.save(engine, root, step, {"step": step}, _rng_state(), cfg.keep_last, barrier)
+            ckpt.save(engine, root, step, {"step": step}, _rng_state(), cfg.keep_last, barrier, layout)
         except Exception as exc:  # noqa: BLE001 - torch reports a full disk as RuntimeError
             raise ckpt.failure(root, step, exc) from None
         _log(run_dir, rank, {"event": "checkpoint", "step": step})

@@ -1,0 +1,37 @@
+"""Resume on a different GPU count: train on 2 ranks, plan the same run again for 1 rank (same
+global batch through accumulation), and it continues from the checkpoint through DeepSpeed's
+universal checkpoint format, on the same samples per step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.spec import TrainSpec
+from tests.runs import make_run, run_torchrun
+from tests.test_train_faults import curve
+
+pytest.importorskip("deepspeed")
+pytestmark = pytest.mark.slow
+
+TWO = TrainSpec(zero_stage=2, micro_batch=2, grad_accum=1, seq_len=64)  # 2 ranks: 4 samples / step
+ONE = TrainSpec(zero_stage=2, micro_batch=2, grad_accum=2, seq_len=64)  # 1 rank: 4 samples / step
+
+
+def test_two_ranks_then_one(tmp_path):
+    ref_dir, argv = make_run(tmp_path / "ref", "ref", TWO, max_steps=10, save_every=5, lr=1e-3)
+    assert run_torchrun(argv).returncode == 0
+    run_dir, argv = make_run(tmp_path, "resized", TWO, max_steps=6, save_every=3, lr=1e-3)
+    assert run_torchrun(argv).returncode == 0
+    # the same run, planned again for one GPU: plan.json, ds_config.json and launch.sh change
+    run_dir, argv = make_run(tmp_path, "resized", ONE, gpus="1x1xA100", max_steps=10, save_every=5, lr=1e-3)
+    proc = run_torchrun(argv)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    events = [json.loads(x) for x in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert {"event": "universal", "from_world": 2, "to_world": 1} in events
+    assert any(e.get("event") == "resumed" and e["step"] == 6 for e in events)
+    got, ref = curve(run_dir), curve(ref_dir)
+    assert sorted(got) == list(range(1, 11))
+    for step in range(7, 11):  # same samples, same state: the curve continues as if never resized
+        assert got[step] == pytest.approx(ref[step], abs=1e-3), (step, got[step], ref[step])
