@@ -153,6 +153,16 @@ def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
             "nodes, and for NCCL set NCCL_SOCKET_IFNAME to the right interface (NCCL_IB_DISABLE=1 if InfiniBand is "
             "down, NCCL_DEBUG=INFO for details)"
         )
+    if not _is_cpu_run(run_dir):  # every node, not only this one, has the GPUs the plan counts on
+        short = sorted({r["host"] for r in reports if r.get("gpus", 0) < cluster["gpus_per_node"]})
+        small = sorted(
+            {r["host"] for r in reports if r.get("gpu_memory_gib", 0) < cluster["gpu_memory_gib"] * 0.97}
+        )
+        if short or small:
+            raise PreflightError(
+                f"GPUs on {', '.join(short or small)} do not match the plan ({cluster['gpus_per_node']} x "
+                f"{cluster['gpu_memory_gib']:.0f} GiB per node); plan again for the hardware these nodes have"
+            )
     blind = sorted({r["host"] for r in reports if not r.get("sees_run_dir")})
     if blind:
         raise PreflightError(

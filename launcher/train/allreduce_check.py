@@ -25,7 +25,11 @@ def main(argv: list[str]) -> int:
     out = run_dir / "logs" / "preflight"
     out.mkdir(parents=True, exist_ok=True)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    report = {"rank": rank, "host": socket.gethostname(), "world": world}
+    report = {"rank": rank, "host": socket.gethostname(), "world": world, "gpus": torch.cuda.device_count()}
+    if report["gpus"]:
+        report["gpu_memory_gib"] = min(
+            torch.cuda.get_device_properties(i).total_memory / 2**30 for i in range(report["gpus"])
+        )
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
