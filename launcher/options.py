@@ -10,44 +10,28 @@ from launcher import spec as S
 from launcher.errors import InvalidSpecError
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
-    return value
+def _parser(kind: type, allow_zero: bool):
+    """An argparse `type=` that accepts finite numbers > 0 (or >= 0), with a one-line error."""
+    noun = "whole number" if kind is int else "number"
+    want = f"a {noun} >= 0" if allow_zero else f"a positive {noun}"
+
+    def parse(text: str):
+        try:
+            value = int(text, 10) if kind is int else float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}") from None
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return value
+
+    parse.__name__ = f"{'non_negative' if allow_zero else 'positive'}_{kind.__name__}"
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text, 10)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+positive_int = _parser(int, allow_zero=False)
+non_negative_int = _parser(int, allow_zero=True)
+positive_float = _parser(float, allow_zero=False)
+non_negative_float = _parser(float, allow_zero=True)
 
 
 def add_model_and_cluster(p: argparse.ArgumentParser, gpus_required: bool = True) -> None:
