@@ -3,7 +3,7 @@
 # (installed with apt if missing), two nodes (node1, node2: one slurmd each on its own port) with
 # fake GPUs (gres backed by character devices), partitions "debug" (default) and "short" (10-minute
 # limit), no accounting database.
-#   sudo bash cluster/slurm_up.sh        # idempotent; ~15 s once the packages are installed
+#   sudo bash cluster/slurm_up.sh        # idempotent; ~15 s with apt, ~1 s once installed
 #   sudo bash cluster/slurm_down.sh      # stop it and remove its state
 # Settings (environment): FTLAUNCH_SLURM_GPUS (per node, default 4), FTLAUNCH_SLURM_CPUS (per
 # node, default 4), FTLAUNCH_SLURM_MEM_MB (per node, default 8192). Nodes may advertise more than
@@ -87,7 +87,7 @@ done
 
 # 7. wait until both nodes take jobs
 for _ in $(seq 120); do
-  states=$(sinfo -h -N -o "%N %t" 2>/dev/null || true)
+  states=$(sinfo -h -N -o "%N %t" 2>/dev/null | sort -u || true)  # a node shows once per partition
   for node in "${NODES[@]}"; do
     case "$(awk -v n="$node" '$1 == n {print $2}' <<<"$states")" in
       down* | drain* | drng* | fail*) scontrol update NodeName="$node" State=RESUME 2>/dev/null || true ;;

@@ -11,7 +11,7 @@ fi
 . .venv/bin/activate
 echo "== installing (torch CPU build first, so nothing pulls a CUDA build)"
 python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e ".[train,test]"
+python -m pip install -q --disable-pip-version-check -e ".[train,test,ray]"
 echo "== ruff"
 ruff check launcher tests bench
 echo "== pytest"

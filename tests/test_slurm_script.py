@@ -188,6 +188,8 @@ def bad(argv: list[str], capsys) -> str:
         (["--sbatch-line", "mail-type=END"], "sbatch option"),
         (["--sbatch-line=--nodes=3"], "--nodes"),
         (["--sbatch-line=-o /tmp/x"], "-o"),
+        (["--sbatch-line=--node=3"], "--node"),  # sbatch takes prefixes of long options
+        (["--sbatch-line=-N3"], "-N3"),
         (["--container-image", "a b"], "--container-image"),
         (["--signal-lead", "5"], "signal-lead"),
         (["--rdzv-endpoint", "h:1"], "--rdzv-endpoint"),

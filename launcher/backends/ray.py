@@ -383,6 +383,7 @@ def list_jobs(address: str | None) -> list[dict]:
             {
                 "submission_id": info.submission_id,
                 "run": meta["ftlaunch_run"],
+                "backend": "ray",
                 "state": STATES.get(ray_status, "UNKNOWN"),
                 "ray_status": ray_status,
                 "start_time": info.start_time,

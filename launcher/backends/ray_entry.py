@@ -37,7 +37,7 @@ from launcher.backends.ray import REQUEST_FILE
 from launcher.rundir import read_run_dir
 
 POINTER = "ftlaunch_checkpoint.json"
-POLL_S = 1.0
+POLL_S = 1.0  # how often a Ray Train worker looks for new checkpoints
 
 
 def stage(src: Path, run_dir: Path) -> None:
@@ -54,32 +54,45 @@ def stage(src: Path, run_dir: Path) -> None:
             os.replace(tmp, run_dir / path.name)
 
 
-def _metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "logs" / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written
-            break
-    return rows
+class _CheckpointLog:
+    """The checkpoints the worker logs in logs/metrics.jsonl (and each step's loss), read as it grows."""
+
+    def __init__(self, run_dir: Path, offset: int):
+        self.path = run_dir / "logs" / "metrics.jsonl"
+        self.offset = offset
+        self.loss: dict[int, float] = {}
+
+    @staticmethod
+    def end(run_dir: Path) -> int:
+        path = run_dir / "logs" / "metrics.jsonl"
+        return path.stat().st_size if path.is_file() else 0
+
+    def new_steps(self) -> list[int]:
+        """Steps checkpointed since the last call (only whole lines: the worker may be writing one)."""
+        if not self.path.is_file():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        chunk = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(chunk)
+        steps = []
+        for row in map(json.loads, chunk.splitlines()):
+            if "loss" in row:
+                self.loss[row["step"]] = row["loss"]
+            if row.get("event") == "checkpoint":
+                steps.append(row["step"])
+        return steps
 
 
-def _saved_steps(rows: list[dict]) -> list[int]:
-    return [r["step"] for r in rows if r.get("event") == "checkpoint"]
-
-
-def _report(run_dir: Path, step: int, rank: int) -> None:
+def _report(run_dir: Path, step: int, rank: int, loss: float | None) -> None:
     """One checkpoint to Ray Train: every rank calls it (a barrier); rank 0 attaches the pointer."""
     import ray.train
 
     if rank != 0:
         ray.train.report({"step": step})
         return
-    losses = [r["loss"] for r in _metrics(run_dir) if r.get("step") == step and "loss" in r]
-    metrics = {"step": step, **({"loss": losses[-1]} if losses else {})}
+    metrics = {"step": step, **({"loss": loss} if loss is not None else {})}
     path = run_dir / "checkpoints" / f"step-{step:08d}"
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, POINTER).write_text(json.dumps({**metrics, "path": str(path)}))
@@ -117,7 +130,8 @@ def worker(config: dict) -> None:
     shared = None
     if rank == 0:
         host = get_node_ip_address()
-        shared = {"addr": host, "port": _free_port(host), "reported": len(_saved_steps(_metrics(run_dir)))}
+        # the log's end now: what the ranks started below log after it is theirs to report
+        shared = {"addr": host, "port": _free_port(host), "log_offset": _CheckpointLog.end(run_dir)}
         step = _restored_step()
         if step is not None:
             print(
@@ -135,23 +149,24 @@ def worker(config: dict) -> None:
         NODE_RANK=str(ctx.get_node_rank()),
         MASTER_ADDR=shared["addr"],
         MASTER_PORT=str(shared["port"]),
-        PYTHONPATH=os.pathsep.join([str(Path(launcher.__file__).parent.parent), env.get("PYTHONPATH", "")]),
+        PYTHONPATH=os.pathsep.join(
+            p for p in (str(Path(launcher.__file__).parent.parent), env.get("PYTHONPATH")) if p
+        ),
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "launcher.backends.ray_entry", "--rank", str(run_dir)], env=env
     )
-    reported = shared["reported"]
+    saved = _CheckpointLog(run_dir, shared["log_offset"])
     while (code := proc.poll()) is None:
-        for step in _saved_steps(_metrics(run_dir))[reported:]:
-            _report(run_dir, step, rank)
-            reported += 1
+        for step in saved.new_steps():
+            _report(run_dir, step, rank, saved.loss.get(step))
         time.sleep(POLL_S)
     if code != 0:
         # 75: preempted after a checkpoint; failing the attempt lets FailureConfig resume it
         raise RuntimeError(f"rank {rank}: the worker exited with code {code}")
-    barrier()  # every rank has ended: the metrics are final, so every rank reports the same checkpoints
-    for step in _saved_steps(_metrics(run_dir))[reported:]:
-        _report(run_dir, step, rank)
+    barrier()  # every rank has ended: the log is final, so every rank reports the same checkpoints
+    for step in saved.new_steps():
+        _report(run_dir, step, rank, saved.loss.get(step))
 
 
 def rank_main(run_dir: str) -> int:

@@ -93,7 +93,7 @@ def _query(job_id: str) -> dict | None:
         code, _, sig = f.get("ExitCode", "0:0").partition(":")
         out = {
             "slurm_state": f.get("JobState", "UNKNOWN"),
-            "reason": f.get("Reason", "None"),
+            "reason": f.get("Reason", "None"),  # why it waits or ended
             "restarts": int(f.get("Restarts", "0") or 0),
             "exit_code": int(code or 0),
             "signal": int(sig or 0),
@@ -108,6 +108,8 @@ def _query(job_id: str) -> dict | None:
             out["signal"] = int(sig or 0)
     if queued:  # squeue is the authority while the job is in the queue
         out = {**(out or {}), "slurm_state": queued[0], "reason": queued[-1]}
+    if out and out["reason"] in ("None", "(null)"):
+        del out["reason"]
     return out
 
 

@@ -30,7 +30,7 @@ _MEM = re.compile(r"^\d+[KMGT]?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _PLAIN = re.compile(r"^[A-Za-z0-9_.,:/@%+=\-\[\]]+$")  # needs no quoting in a directive
 # directives ftlaunch sets from the plan and the run directory; --sbatch-line may not change them
-_MANAGED = ("nodes", "ntasks", "ntasks-per-node", "output", "error", "chdir", "open-mode", "parsable")
+_MANAGED = ("nodes", "ntasks", "ntasks-per-node", "output", "error", "chdir", "open-mode")
 _MANAGED_SHORT = ("-N", "-n", "-o", "-e", "-D")
 # bash -c program every node runs before exec'ing torchrun: the head (node 0) hosts the
 # rendezvous store. Set per node, as torchrun's own guess from hostnames misfires when nodes
@@ -49,6 +49,14 @@ def _one_line(value: str, flag: str) -> str:
     if not value.strip() or _CONTROL.search(value):
         raise ValueError(f"{flag} must be one non-empty line of text (no newlines or control characters)")
     return value
+
+
+def _managed(word: str) -> bool:
+    """Whether an sbatch option sets what ftlaunch manages; sbatch takes any unambiguous prefix of
+    a long option (--node=2), and a short option's value attached (-N2)."""
+    if word.startswith("--"):
+        return any(name.startswith(word[2:]) for name in _MANAGED)
+    return word[:2] in _MANAGED_SHORT
 
 
 class SlurmOptions(BaseModel):
@@ -114,8 +122,8 @@ class SlurmOptions(BaseModel):
                 raise ValueError(
                     f"--sbatch-line {line[:40]!r} must be an sbatch option, e.g. --mail-type=END"
                 )
-            word = line.split("=", 1)[0].split()[0]
-            if word.lstrip("-") in _MANAGED or word in _MANAGED_SHORT:
+            word = re.split(r"[=\s]", line, maxsplit=1)[0]
+            if _managed(word):
                 raise ValueError(
                     f"--sbatch-line may not set {word}: ftlaunch sets it from the plan and run dir"
                 )
@@ -207,6 +215,8 @@ def render(
     for key in env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise SlurmSpecError(f"{key[:40]!r} is not an environment variable name")
+    if not (TEMPLATE_DIR / TEMPLATE).is_file():
+        raise SlurmSpecError(f"the sbatch template {TEMPLATE_DIR / TEMPLATE} is missing; reinstall ftlaunch")
     jenv = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
         undefined=jinja2.StrictUndefined,
