@@ -70,12 +70,12 @@ def save(
     torch.save(rank_state, tmp_dir / f"rank-{rank:05d}.pt")
     if rank == 0:
         (tmp_dir / LAYOUT).write_text(json.dumps(layout))
+    if rank == 0 and (root / tag).exists():  # this step saved by an earlier attempt
+        shutil.rmtree(root / tag)
     barrier()
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and tmp_dir.exists():
         # one rename per node: on a shared filesystem the first one wins, the rest find nothing
         try:
-            if (root / tag).exists():
-                shutil.rmtree(root / tag)
             os.replace(tmp_dir, root / tag)
         except FileNotFoundError:
             pass
