@@ -7,7 +7,7 @@ submit sends exactly that through ray.job_submission.JobSubmissionClient:
     runtime_env  working_dir: the run directory, without its outputs (logs/, checkpoints/,
                  output/, ray/) or weight files; py_modules: this launcher package; env_vars
                  (DS_ACCELERATOR=cpu for --cpu runs); excludes also drop .git, .venv, caches
-    metadata     the ftlaunch run name and version (how `ftlaunch list` finds its jobs)
+    metadata     the ftlaunch run name and version (how `ftlaunch jobs --address` finds its jobs)
     train        what the entrypoint gives Ray Train: workers, resources per worker, placement
                  strategy, max_failures, and `storage`, the directory every Ray node sees, in
                  which the run directory lives on the cluster (STORAGE/NAME; default: the run
@@ -207,10 +207,13 @@ def _get(address: str, path: str) -> dict:
         ) from None
 
 
-def check_cluster(address: str, train: dict) -> dict:
-    """The alive nodes' total resources; a RayError when the workers' CPUs / GPUs are not there."""
+def check_cluster(address: str, train: dict) -> None:
+    """A RayError when the cluster's alive nodes do not hold the CPUs / GPUs the workers ask for."""
     _get(address, "/api/version")
-    nodes = _get(address, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
+    try:
+        nodes = _get(address, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
+    except (KeyError, TypeError):
+        raise RayError(f"{address} does not answer like a Ray dashboard (its node list is missing)") from None
     alive = [n for n in nodes if n.get("state") == "ALIVE"]
     have: dict[str, float] = {}
     for node in alive:
@@ -230,7 +233,6 @@ def check_cluster(address: str, train: dict) -> dict:
             f"{len(alive)} node(s); this run's {workers} workers need {' and '.join(missing)}; use a bigger "
             "cluster, plan for the GPUs it has (--gpus), or add --cpu for CPU workers"
         )
-    return have
 
 
 def _client(address: str):

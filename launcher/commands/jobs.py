@@ -148,7 +148,8 @@ def run_cancel(args, run_dir: Path) -> int:
 
 
 def run_jobs(args) -> int:
-    """Runs under --runs-dir that have a job, and ftlaunch jobs in the Slurm queue from elsewhere."""
+    """Runs under --runs-dir that have a job, and ftlaunch jobs in the Slurm queue (and, with --address,
+    on that Ray cluster) from elsewhere."""
     import shutil
 
     dirs = sorted(d.resolve() for d in args.runs_dir.glob("*/job.json")) if args.runs_dir.is_dir() else []
