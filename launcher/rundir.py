@@ -141,3 +141,26 @@ def read_run_dir(run_dir: str | Path) -> RunFile:
 
 def new_run_file(**fields) -> RunFile:
     return RunFile(schema_version=SCHEMA_VERSION, ftlaunch_version=__version__, **fields)
+
+
+def last_step(run_dir: str | Path) -> int | None:
+    """The newest step in the run's logs/metrics.jsonl (None before the first one)."""
+    path = Path(run_dir) / "logs" / "metrics.jsonl"
+    step = None
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                step = json.loads(line).get("step", step)
+            except (json.JSONDecodeError, AttributeError):
+                continue
+    return step
+
+
+def read_new(path: Path, pos: int) -> tuple[str, int]:
+    """The text appended to a log file since byte `pos`, and the new position."""
+    if not path.exists():
+        return "", pos
+    with open(path, "rb") as f:
+        f.seek(pos)
+        chunk = f.read()
+        return chunk.decode("utf-8", "replace"), f.tell()

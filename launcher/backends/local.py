@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from launcher.errors import FtlaunchError
-from launcher.rundir import write_atomic
+from launcher.rundir import read_new, write_atomic
 
 PREEMPTED = 75
 LOW_SPACE = 64 * 2**20  # below this, a failed job's status names the full disk
@@ -158,13 +158,9 @@ def follow(run_dir: Path, write, follow_: bool = True, poll_s: float = 0.5) -> d
     path = run_dir / "logs" / "launcher.log"
     pos = 0
     while True:
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(pos)
-                chunk = f.read()
-                pos = f.tell()
-            if chunk:
-                write(chunk.decode("utf-8", "replace"))
+        text, pos = read_new(path, pos)
+        if text:
+            write(text)
         st = status(run_dir)
         if not follow_ or st["state"] not in ("RUNNING",):
             if path.exists() and path.stat().st_size > pos:

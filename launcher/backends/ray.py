@@ -35,7 +35,7 @@ from pathlib import Path
 import launcher
 from launcher import __version__
 from launcher.errors import FtlaunchError
-from launcher.rundir import RunFile, write_atomic
+from launcher.rundir import RunFile, last_step, write_atomic
 
 REQUEST_FILE = "ray_job.json"
 JOB_FILE = "job.json"
@@ -296,20 +296,6 @@ def _job(run_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def _last_step(cluster_run_dir: str) -> int | None:
-    """The newest step in the run's metrics, when the cluster's run directory is readable here."""
-    path = Path(cluster_run_dir) / "logs" / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    step = None
-    for line in path.read_text().splitlines():
-        try:
-            step = json.loads(line).get("step", step)
-        except (json.JSONDecodeError, AttributeError):
-            continue
-    return step
-
-
 def status(run_dir: Path) -> dict:
     """The job's state (UNKNOWN, with the reason, while the cluster does not answer)."""
     run_dir = Path(run_dir).resolve()
@@ -327,7 +313,7 @@ def status(run_dir: Path) -> dict:
     info = _client(job["address"]).get_job_info(job["submission_id"])
     ray_status = str(getattr(info.status, "value", info.status))
     out.update(state=STATES.get(ray_status, "UNKNOWN"), ray_status=ray_status)
-    step = _last_step(job["cluster_run_dir"])
+    step = last_step(job["cluster_run_dir"])
     if step is not None:
         out["step"] = step
     if out["state"] == "FAILED" and info.message:

@@ -18,7 +18,7 @@ from pathlib import Path
 from launcher.backends import slurm_cluster
 from launcher.backends.slurm_cluster import SlurmError
 from launcher.backends.slurm_script import PREEMPTED, SCRIPT, SlurmOptions, submit_argv
-from launcher.rundir import read_run_dir, write_atomic
+from launcher.rundir import last_step, read_new, read_run_dir, write_atomic
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED")
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED")
@@ -113,18 +113,6 @@ def _query(job_id: str) -> dict | None:
     return out
 
 
-def _last_step(run_dir: Path) -> int | None:
-    path = run_dir / "logs" / "metrics.jsonl"
-    step = None
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                step = json.loads(line).get("step", step)
-            except (json.JSONDecodeError, AttributeError):
-                continue
-    return step
-
-
 def status(run_dir: Path) -> dict:
     """The job's state (see the module docstring), with Slurm's own state and reason."""
     run_dir = Path(run_dir).resolve()
@@ -132,7 +120,7 @@ def status(run_dir: Path) -> dict:
     if not job:
         return {"run": str(run_dir), "state": "NOT_STARTED"}
     out = {"run": str(run_dir), "backend": "slurm", "job_id": job["job_id"]}
-    step = _last_step(run_dir)
+    step = last_step(run_dir)
     if step is not None:
         out["step"] = step
     cancelled = (run_dir / "cancel_requested").exists()
@@ -172,13 +160,9 @@ def follow(run_dir: Path, write, follow_: bool = True, poll_s: float = 1.0) -> d
 
     def drain() -> None:
         nonlocal pos
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(pos)
-                chunk = f.read()
-                pos = f.tell()
-            if chunk:
-                write(chunk.decode("utf-8", "replace"))
+        text, pos = read_new(path, pos)
+        if text:
+            write(text)
 
     while True:
         drain()
