@@ -117,6 +117,31 @@ def print_estimate(arch, spec, cluster, est) -> None:
         )
 
 
+def print_trace(est, traced, err_pct: float) -> None:
+    """The traced step's peak beside the analytic one, component by component."""
+    from rich.table import Table
+
+    out = console()
+    out.print()
+    out.print(
+        f"[bold]traced step[/] (FakeTensorMode on the CPU, {traced.seconds:.0f} s): "
+        f"peak at {traced.peak_phase}"
+    )
+    t = Table(show_edge=False)
+    t.add_column("component")
+    t.add_column("analytic GiB", justify="right")
+    t.add_column("traced GiB", justify="right")
+    names = [k for k in est.components if k not in ("allocator_margin", "cuda_context_nccl")]
+    for k in names:
+        t.add_row(k, gib(est.components[k]), gib(traced.components.get(k, 0.0)))
+    t.add_row("[bold]peak allocated[/]", gib(est.peak_allocated), gib(traced.peak_allocated))
+    out.print(t)
+    out.print(
+        f"analytic vs trace: {err_pct:+.1f} %  (the trace counts tensors, not the allocator's "
+        "rounding, the CUDA context or NCCL: compare peak allocated)"
+    )
+
+
 def secs(x: float) -> str:
     """Seconds, three significant figures or so: '557.3', '6.17', '0.04', '4.7e-04'."""
     return f"{x:,.1f}" if x >= 10 else f"{x:.2f}" if x >= 0.01 else f"{x:.1e}"

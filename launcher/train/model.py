@@ -122,6 +122,7 @@ def build_model(hf_config: dict, source: str, spec: TrainSpec, init: str, seed: 
             target_modules="all-linear" if "all-linear" in targets else targets,
             task_type="CAUSAL_LM",
         )
-        model = peft.get_peft_model(model, lora)
-        model = model.to(dtype)  # adapters in the compute dtype, as DeepSpeed casts them anyway
+        # adapters in the base layers' (compute) dtype, as DeepSpeed would cast them anyway; not
+        # by casting the model afterwards, which would also round RoPE's fp32 inv_freq buffers
+        model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
     return model

@@ -1,0 +1,283 @@
+"""One training step of a configuration under FakeTensorMode, its memory counted by category.
+
+Runs in its own process (`python -m launcher.trace.step`, a JSON request on stdin, a JSON
+result on stdout, progress on stderr) because fake tensors, dispatch modes and autograd hooks
+must not leak into the caller. The model is the one the worker trains (launcher.train.model.
+build_model, random init), built inside FakeTensorMode: shapes and lifetimes are real, nothing
+is allocated, so a full-size 3B model traces on a laptop.
+
+What is traced for real: the model's forward and backward as transformers and peft run them
+(activations, recomputation under checkpointing, the logits and loss working set, backward
+temporaries), LoRA's frozen base weights, parameter dtypes, and torch's optimizer creating and
+stepping its states. What is laid out as DeepSpeed lays it out (its engine cannot run on fake
+tensors): the fp32 master partition and fp32 gradient copy of mixed precision, ZeRO-1/2/3
+partitions over `dp` fake ranks, ZeRO-1/2 reduce buckets, and ZeRO-3's gathering of a module's
+parameters while it runs (forward and backward) and reduce-scatter of each gradient as soon as
+it is accumulated. Two steps run so that the second sees the optimizer states.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+GIB = 1024**3
+
+
+def _progress(msg: str) -> None:
+    print(f"[trace] {msg}", file=sys.stderr, flush=True)
+
+
+def _flat(torch, numel: float, dtype, tracker, label: str):
+    t = torch.empty(max(1, math.ceil(numel)), dtype=dtype)
+    tracker.add(t, label)
+    return t
+
+
+def _zero3_gather_hooks(model, tracker, torch):
+    """Count each module's parameters as gathered while its forward or backward runs."""
+
+    def own_bytes(m):
+        return sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
+
+    live: dict[int, list] = {}
+
+    def gather(m, *_):
+        buf = torch.empty(own_bytes(m), dtype=torch.uint8)
+        tracker.add(buf, "zero_buffers")
+        live.setdefault(id(m), []).append(buf)
+
+    def release(m, *_):
+        bufs = live.get(id(m))
+        if bufs:
+            bufs.pop()
+
+    for m in model.modules():
+        if own_bytes(m):
+            m.register_forward_pre_hook(gather)
+            m.register_forward_hook(release)
+            m.register_full_backward_pre_hook(gather)
+            m.register_full_backward_hook(release)
+
+
+def _no_op_casts(torch, dtype) -> None:
+    """Under fake tensors any Module.to() swaps parameters, and swapping a tensor the fake mode
+    holds a weak reference to fails, even when nothing changes (torch 2.13). New tensors are
+    created in the compute dtype from the start, and casts that change nothing return at once."""
+    from itertools import chain
+
+    torch.set_default_dtype(dtype if dtype.is_floating_point else torch.float32)
+    original = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, to_dtype, *_ = torch._C._nn._parse_to(*args, **kwargs)
+        same = all(
+            (to_dtype is None or not t.is_floating_point() or t.dtype == to_dtype)
+            and (device is None or t.device.type == torch.device(device).type)
+            for t in chain(self.parameters(), self.buffers())
+        )
+        return self if same else original(self, *args, **kwargs)
+
+    torch.nn.Module.to = to
+
+
+def _packed_batches() -> None:
+    """Trace a batch with no padding (packed sequences), as the analytic model assumes. With real
+    tensors transformers sees that no token is masked and lets sdpa apply causality itself (no
+    mask, GQA K/V not expanded); fake tensors look like a compiler trace to it, which would
+    materialise a mask and expand K/V in every layer. Give it the answer real tensors give."""
+    import transformers.masking_utils as masking
+
+    original = masking._ignore_causal_mask_sdpa
+
+    def ignore_causal_mask(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size=None):
+        if padding_mask is not None:
+            return original(padding_mask, q_length, kv_length, q_offset, kv_offset, local_attention_size)
+        if local_attention_size is not None and kv_length >= local_attention_size:
+            return False
+        return q_length == 1 or kv_length == q_length
+
+    masking._ignore_causal_mask_sdpa = ignore_causal_mask
+    # positions 0..S-1 in every row: one sequence per row, which real tensors reveal
+    masking.find_packed_sequence_indices = lambda position_ids: None
+
+
+def trace_step(req: dict) -> dict:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from launcher.spec import TrainSpec
+    from launcher.trace.tracker import CategoryTracker
+    from launcher.train.model import build_model, torch_dtype
+
+    spec = TrainSpec(**req["spec"])
+    dp = int(req.get("dp", 1))
+    stage = spec.zero_stage
+    shard = dp if stage >= 1 else 1
+    mixed = spec.precision in ("fp16", "bf16")
+    hf = req["hf_config"]
+    hidden = int(req["hidden"])
+    t0 = time.monotonic()
+    uncounted = ("optimizer_temporaries", "partition_view") + (("unsharded_weights",) if stage == 3 else ())
+    tracker = CategoryTracker(uncounted=uncounted)
+    _no_op_casts(torch, torch_dtype(spec.precision))
+    _packed_batches()
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        _progress("building the model on fake tensors")
+        model = build_model(hf, "", spec, init="random", seed=0, lora_dropout=0.0)
+        model.train()
+        params = list(model.parameters())
+        trainable = [p for p in params if p.requires_grad]
+        n_train = sum(p.numel() for p in trainable)
+        n_total = sum(p.numel() for p in {id(p): p for p in params}.values())
+        weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in params}.values())
+        gdtype = trainable[0].dtype if trainable else torch.float32
+        gsize = torch.empty((), dtype=gdtype).element_size()
+        for p in params:
+            tracker.add(p, "unsharded_weights" if stage == 3 else "weights")
+        for b in model.buffers():
+            tracker.add(b, "weights")
+        keep: list = []  # harness buffers that live for the whole step
+        if stage == 3:
+            if spec.offload_params == "none":
+                keep.append(_flat(torch, weight_bytes / dp, torch.uint8, tracker, "weights"))
+            _zero3_gather_hooks(model, tracker, torch)
+        if stage in (1, 2):
+            keep.append(_flat(torch, 2 * hidden * hidden * gsize, torch.uint8, tracker, "zero_buffers"))
+        if stage == 3:
+            keep.append(_flat(torch, hidden * hidden * gsize, torch.uint8, tracker, "zero_buffers"))
+
+        offload_opt = spec.offload_optimizer != "none"
+        # What the optimizer steps on: the model's trainable parameters, or the rank's flat
+        # partition of them: fp32 master weights under mixed precision, in ZeRO-3's sub-groups;
+        # without mixed precision a view into DeepSpeed's flattened weights (not counted again).
+        if mixed or shard > 1:
+            dtype = torch.float32 if mixed else gdtype
+            n_part = math.ceil(n_train / shard)
+            size = min(n_part, int(req["sub_group"])) if stage == 3 else n_part
+            parts = [
+                torch.nn.Parameter(torch.empty(min(size, n_part - i), dtype=dtype))
+                for i in range(0, max(n_part, 1), max(size, 1))
+            ]
+            label = "master_weights" if mixed and not offload_opt else "partition_view"
+            for part in parts:
+                tracker.add(part, label)
+            opt_params = parts
+        else:
+            parts = []
+            opt_params = trainable
+        opt = _optimizer(torch, spec, opt_params)
+        reduce_now = stage >= 2 or (mixed and stage == 0 and spec.precision == "bf16")
+        if stage >= 2 and not offload_opt:  # the reduced gradient partition
+            keep.append(_flat(torch, n_train / dp * gsize, torch.uint8, tracker, "gradients"))
+        fp32_acc = None
+        if mixed and stage == 0 and spec.precision == "bf16":
+            fp32_acc = _flat(torch, n_train * 4, torch.uint8, tracker, "gradients")
+
+        def on_grad(p):
+            if p.grad is None:
+                return
+            if reduce_now:
+                p.grad = None  # reduced into the persistent partition / fp32 accumulation buffer
+            else:
+                tracker.add(p.grad, "gradients")
+
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(on_grad)
+        head = model.get_output_embeddings()
+
+        def logits_phase(*_):
+            tracker.phase = "logits_loss"
+
+        head.register_forward_pre_hook(logits_phase)
+
+        def blocks_phase(*_):
+            tracker.phase = "activations"
+
+        # backward through the loss and the LM head makes logits-sized temporaries: logits_loss;
+        # from the head's input gradient on, backward temporaries count as activations
+        head.register_full_backward_hook(blocks_phase)
+
+        ids = torch.randint(0, int(req["vocab"]), (spec.micro_batch, spec.seq_len))
+        moments: dict[str, int] = {}
+        with tracker:
+            for step in (1, 2):
+                _progress(f"step {step}: forward")
+                tracker.phase, tracker.moment = "activations", "forward"
+                loss = model(input_ids=ids, labels=ids).loss
+                _progress(f"step {step}: backward")
+                tracker.phase, tracker.moment = "logits_loss", "backward"
+                moments[f"step {step} backward start"] = tracker.total
+                loss.backward()
+                del loss
+                # DeepSpeed's fused Adam updates in place; torch's single-tensor AdamW makes
+                # parameter-sized temporaries: not counted, the states it keeps are
+                tracker.phase, tracker.moment = "optimizer_temporaries", "optimizer step"
+                _progress(f"step {step}: optimizer step")
+                if parts and not offload_opt:
+                    for part in parts:  # one partition (ZeRO-3: sub-group) at a time
+                        if fp32_acc is not None:
+                            g = fp32_acc.view(part.dtype)[: part.numel()]
+                        else:
+                            g = torch.empty(part.shape, dtype=part.dtype)
+                            tracker.add(g, "gradients" if mixed else "partition_view")
+                        part.grad = g
+                        opt.step()
+                        _count_states(tracker, opt)
+                        part.grad = None
+                        del g
+                elif not parts:
+                    opt.step()
+                    _count_states(tracker, opt)
+                for p in trainable:
+                    p.grad = None
+    return {
+        "peak_bytes": tracker.peak,
+        "peak_phase": tracker.peak_phase,
+        "peak_breakdown": tracker.peak_breakdown,
+        "moments": moments,
+        "params_total": n_total,
+        "params_trainable": n_train,
+        "seconds": round(time.monotonic() - t0, 1),
+        "torch": torch.__version__,
+    }
+
+
+def _count_states(tracker, opt) -> None:
+    for state in opt.state.values():
+        for v in state.values():
+            if hasattr(v, "untyped_storage") and v.dim() > 0:
+                tracker.add(v, "optimizer_states")
+
+
+def _optimizer(torch, spec, params):
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    if spec.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=1e-4, momentum=0.9, foreach=False)
+    if spec.optimizer == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-4, relative_step=False, scale_parameter=False)
+    raise ValueError(f"cannot trace optimizer {spec.optimizer}")
+
+
+def main() -> int:
+    req = json.loads(sys.stdin.read())
+    try:
+        out = trace_step(req)
+    except Exception as exc:  # reported to the parent as one line; traceback under --debug
+        if os.environ.get("FTLAUNCH_DEBUG"):
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        print(json.dumps({"error": f"{type(exc).__name__}: {first}"}))
+        return 1
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
