@@ -76,18 +76,31 @@ def _log(run_dir: Path, rank: int, record: dict) -> None:
         return
     with open(run_dir / "logs" / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
-    parts = [f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()]
+    parts = [
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if v is not None
+    ]
     print("[ftlaunch] " + " | ".join(parts), flush=True)
 
 
-def _peak_memory_gib() -> float:
+def _peak_memory() -> dict:
+    """This process's peaks so far (GiB): torch.cuda max allocated / max reserved (null on the CPU)
+    and the host's max RSS. peak_mem_gib, kept for older readers, is max allocated on a GPU and
+    the host RSS on the CPU."""
     import resource
 
     import torch
 
+    rss = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)  # KiB -> GiB
+    allocated = reserved = None
     if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (host RSS)
+        allocated = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+        reserved = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+    return {
+        "peak_mem_gib": rss if allocated is None else allocated,
+        "peak_allocated_gib": allocated,
+        "peak_reserved_gib": reserved,
+        "host_rss_gib": rss,
+    }
 
 
 def train(run_dir: Path) -> int:
@@ -194,7 +207,7 @@ def train(run_dir: Path) -> int:
                     "loss": round(float(mean) / world, 6),
                     "lr": engine.get_lr()[0],
                     "tokens_per_s": round(tokens * dp / elapsed, 1),
-                    "peak_mem_gib": round(_peak_memory_gib(), 3),
+                    **_peak_memory(),
                 },
             )
         done = step + 1 == cfg.max_steps
