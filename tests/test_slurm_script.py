@@ -242,3 +242,82 @@ def test_gpus_in_a_nodes_gres(gres, count):
 )
 def test_slurm_time_limits_in_minutes(limit, mins):
     assert slurm_cluster.minutes(limit) == mins
+
+
+def _fake_slurm(monkeypatch, job: str, nodes: dict[str, str]) -> None:
+    """Slurm's commands answering from canned lines: squeue knows nothing, `scontrol show job`
+    prints `job`, `scontrol show node` the lines of `nodes` named in its node list."""
+
+    def run(argv, timeout=60):
+        out = ""
+        if argv[:3] == ["scontrol", "show", "job"]:
+            out = job
+        elif argv[:3] == ["scontrol", "show", "node"]:
+            names = argv[-1].replace("node[1-2]", "node1,node2").split(",")
+            out = "".join(nodes[n] + "\n" for n in names if n in nodes)
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    monkeypatch.setattr(slurm_cluster, "run", run)
+
+
+JOB = "JobId=7 JobName=r JobState={state} Reason=None Requeue={requeue} Restarts=0 ExitCode=0:0 NodeList=node[1-2] BatchHost=node1"
+NODE = "NodeName={name} Arch=x86_64 State={state} Partitions=debug Reason={reason}"
+
+
+@pytest.mark.parametrize(
+    "job,node2,state,needle",
+    [
+        (
+            JOB.format(state="RUNNING", requeue=1),
+            NODE.format(name="node2", state="ALLOCATED+NOT_RESPONDING", reason="Not responding [slurm@2026]"),
+            "RUNNING",
+            "node down or not responding: node2 (ALLOCATED+NOT_RESPONDING: Not responding); if it stays "
+            "so, Slurm requeues the job, which resumes from checkpoint step 10",
+        ),
+        (
+            JOB.format(state="RUNNING", requeue=0),
+            NODE.format(name="node2", state="DOWN+NOT_RESPONDING", reason="Not responding [slurm@2026]"),
+            "RUNNING",
+            "node down or not responding: node2 (DOWN+NOT_RESPONDING: Not responding); if it stays so, "
+            "Slurm ends it (NODE_FAIL); launch again to resume from checkpoint step 10",
+        ),
+        (
+            JOB.format(state="NODE_FAIL", requeue=0),
+            NODE.format(name="node2", state="DOWN+NOT_RESPONDING", reason="Not responding [slurm@2026]"),
+            "FAILED",
+            "node failure (Slurm NODE_FAIL): node2 (DOWN+NOT_RESPONDING: Not responding); the job was not "
+            "requeued: `ftlaunch launch {run_dir}` resumes from checkpoint step 10",
+        ),
+        (  # the node is back by the time one asks
+            JOB.format(state="NODE_FAIL", requeue=0),
+            NODE.format(name="node2", state="IDLE", reason="(null)"),
+            "FAILED",
+            "node failure (Slurm NODE_FAIL): a node of node[1-2]; the job was not requeued",
+        ),
+        (
+            JOB.format(state="RUNNING", requeue=1),
+            NODE.format(name="node2", state="MIXED", reason="(null)"),
+            "RUNNING",
+            None,
+        ),
+    ],
+)
+def test_a_node_failure_is_named_in_the_status(job, node2, state, needle, tmp_path, capsys, monkeypatch):
+    """The live counterpart: test_slurm_cluster.py::test_slurmd_killed_on_a_node_...; these are
+    the states it cannot reach (a job without --requeue, a node back before anyone asked)."""
+    run_dir, _ = dry_run(tmp_path, "r", [*TINY, "--backend", "slurm"], capsys)
+    (run_dir / "job.json").write_text('{"backend": "slurm", "job_id": "7"}\n')
+    for step in (5, 10):
+        (run_dir / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+    (run_dir / "checkpoints" / ".tmp-step-00000015").mkdir()  # an unfinished save does not count
+    node1 = NODE.format(name="node1", state="MIXED", reason="(null)")
+    _fake_slurm(monkeypatch, job, {"node1": node1, "node2": node2})
+    st = slurm.status(run_dir)
+    assert st["state"] == state and st["nodes"] == "node[1-2]"
+    if needle is None:
+        assert "reason" not in st
+        return
+    assert needle.format(run_dir=run_dir) in st["reason"]
+    assert main(["status", str(run_dir)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"r: {state}  job_id=7") and line.endswith(st["reason"])

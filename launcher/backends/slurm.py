@@ -6,7 +6,8 @@ status asks `squeue` while the job is queued or running, then `scontrol show job
 forgets it, MinJobAge), then `sacct` where accounting is on, and last the exit code the batch
 script recorded in logs/exit_code. Slurm's states are mapped to ftlaunch's: PENDING, RUNNING,
 REQUEUED, COMPLETED, FAILED, CANCELLED, PREEMPTED (checkpointed, not requeued: launch again
-to resume).
+to resume). A node of a running job that stops answering, and a job ended by a node failure
+(NODE_FAIL), are named in the status's reason with the checkpoint a launch resumes from.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ def _query(job_id: str) -> dict | None:
             "exit_code": int(code or 0),
             "signal": int(sig or 0),
         }
+        if f.get("NodeList", "(null)") not in ("", "(null)"):
+            out["nodes"] = f["NodeList"]
+        out["requeue"] = f.get("Requeue") == "1"
     elif slurm_cluster.has_accounting():
         proc = slurm_cluster.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
         rows = [r for r in proc.stdout.splitlines() if "|" in r]
@@ -113,6 +117,48 @@ def _query(job_id: str) -> dict | None:
     return out
 
 
+def _unwell(nodelist: str) -> list[str]:
+    """The nodes of a node list that Slurm sees as down or not responding, each with its state
+    and Slurm's reason: 'node2 (DOWN+NOT_RESPONDING: Not responding)'."""
+    proc = slurm_cluster.run(["scontrol", "show", "node", "-o", nodelist])
+    out = []
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        f = slurm_cluster.fields(line)
+        state = f.get("State", "")
+        if {"DOWN", "FAIL", "NOT_RESPONDING"} & set(state.rstrip("*$~#!%@^-").split("+")):
+            why = f.get("Reason", "").split(" [")[0]
+            out.append(f"{f.get('NodeName', '?')} ({state}" + (f": {why})" if why else ")"))
+    return out
+
+
+def _resumes_from(run_dir: Path) -> str:
+    from launcher.train.checkpoint import latest
+
+    found = latest(run_dir / "checkpoints")
+    return f"checkpoint step {found[0]}" if found else "the start (no checkpoint yet)"
+
+
+def _node_trouble(run_dir: Path, known: dict, raw: str) -> str | None:
+    """The reason shown for a running job with a node down or not responding, or a job that a node
+    failure ended (NODE_FAIL)."""
+    unwell = ", ".join(_unwell(known["nodes"])) if known.get("nodes") else ""
+    if raw == "NODE_FAIL":
+        return (
+            f"node failure (Slurm NODE_FAIL): {unwell or 'a node of ' + known.get('nodes', 'the job')}; "
+            f"the job was not requeued: `ftlaunch launch {run_dir}` resumes from {_resumes_from(run_dir)}"
+        )
+    if not unwell:
+        return None
+    then = (
+        "requeues the job, which resumes"
+        if known.get("requeue")
+        else "ends it (NODE_FAIL); launch again to resume"
+    )
+    return (
+        f"node down or not responding: {unwell}; if it stays so, Slurm {then} from {_resumes_from(run_dir)}"
+    )
+
+
 def status(run_dir: Path) -> dict:
     """The job's state (see the module docstring), with Slurm's own state and reason."""
     run_dir = Path(run_dir).resolve()
@@ -126,7 +172,7 @@ def status(run_dir: Path) -> dict:
     cancelled = (run_dir / "cancel_requested").exists()
     known = _query(job["job_id"])
     if known:
-        out.update(known)
+        out.update({k: v for k, v in known.items() if k != "requeue"})
         raw = known["slurm_state"].rstrip("+")
         state = _STATES.get(raw, "FAILED")
         if state == "PENDING" and known.get("restarts"):
@@ -134,6 +180,10 @@ def status(run_dir: Path) -> dict:
         elif raw == "FAILED" and known.get("exit_code") == PREEMPTED:
             state = "PREEMPTED"
         out["state"] = state
+        if state == "RUNNING" or raw == "NODE_FAIL":
+            trouble = _node_trouble(run_dir, known, raw)
+            if trouble:
+                out["reason"] = trouble
         return out
     code_file = run_dir / "logs" / "exit_code"
     if code_file.exists():
