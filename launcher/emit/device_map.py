@@ -144,7 +144,7 @@ def device_map(arch: ModelArch, spec: TrainSpec, stages: int) -> DeviceMap:
         )
     single = spec.with_(tp=1, pp=1)
     targets = S.lora_targets(arch, single) if single.trains_adapters else set()
-    layer_acts = A.stored_per_layer(arch, single, A.layer_activations(arch, single, targets))
+    layer_acts = A.stored_per_layer(arch, single, A.layer_activations(arch, single, targets), targets)
     per_layer = _states_bytes(arch, single, 1, False, False) + layer_acts
     embed_states = _states_bytes(arch, single, 0, True, False)
     embed = embed_states + A.edge_activations(arch, single, True, False)

@@ -21,8 +21,8 @@ Tensor parallelism (DeepSpeed AutoTP): norms and the inputs of column-parallel l
 whole, everything between a column- and a row-parallel linear is split by tp.
 Recompute (`stored_per_layer`): `full` keeps each block's input; `selective` is per-op selective
 checkpointing (PyTorch's SAC policy as torchtitan uses it): the block input, the outputs of every
-other linear (matmul) and the attention output + LSE are kept, element-wise ops (norms,
-activation functions, RoPE) are recomputed. Both add ONE block's full working set while that
+other matmul (`saved_matmul_outputs`) and the attention output + LSE are kept, element-wise ops
+(norms, activation functions, RoPE) are recomputed. Both add ONE block's full working set while that
 block is recomputed in backward.
 """
 
@@ -188,7 +188,9 @@ def checkpoint_input_bytes(arch: ModelArch, spec: TrainSpec) -> float:
     return spec.micro_batch * spec.seq_len * arch.hidden * e
 
 
-def stored_per_layer(arch: ModelArch, spec: TrainSpec, layer: LayerActivations) -> float:
+def stored_per_layer(
+    arch: ModelArch, spec: TrainSpec, layer: LayerActivations, targets: frozenset | set = frozenset()
+) -> float:
     """Bytes each block keeps between its forward and its backward under the recompute mode."""
     if spec.grad_ckpt == "none":
         return layer.total
@@ -196,19 +198,48 @@ def stored_per_layer(arch: ModelArch, spec: TrainSpec, layer: LayerActivations) 
     if spec.grad_ckpt == "selective":
         e = 4 if spec.precision == "fp32" else 2
         T = spec.micro_batch * spec.seq_len
-        k = arch.experts_per_token if arch.experts > 1 else 1
-        outs = sum(
-            lin.fan_out * (k if lin.count > 1 else 1) / spec.tp
-            for lin in arch.linears
-            if lin.role != "router"
-        )
         heads = arch.heads / spec.tp
         kept += (
-            T * e * outs / 2
+            T * e * saved_matmul_outputs(arch, spec, targets)
             + T * arch.heads * arch.head_dim / spec.tp * e
             + 4 * spec.micro_batch * heads * spec.seq_len
         )
     return kept
+
+
+def saved_matmul_outputs(arch: ModelArch, spec: TrainSpec, targets: frozenset | set) -> float:
+    """Elements per token of the matmul outputs selective checkpointing keeps in one block."""
+    return sum(out for kept, out, _ in selective_matmuls(arch, spec, targets) if kept)
+
+
+def selective_matmuls(
+    arch: ModelArch, spec: TrainSpec, targets: frozenset | set
+) -> list[tuple[bool, float, float]]:
+    """(kept, outputs per token, multiply-adds per token) of each matmul of one block, in order.
+
+    The policy (launcher/train/model.py) keeps every other aten.mm of a block, counting from
+    the first, afresh for each block. A linear without bias is one mm; with a bias it is an
+    addmm, which the policy does not count (always recomputed). A LoRA-adapted linear adds two
+    mms after its base one: lora_A (r outputs) and lora_B (the linear's outputs). Mixture-of-
+    experts blocks route tokens variably: taken as every other linear.
+    """
+    out: list[tuple[bool, float, float]] = []
+    count = 0
+    for lin in arch.linears:
+        width = lin.fan_out / spec.tp if lin.parallel == "column" else lin.fan_out
+        fan_in = lin.fan_in / spec.tp if lin.parallel == "row" else lin.fan_in
+        k = arch.experts_per_token if arch.experts > 1 and lin.count > 1 else 1
+        is_mm = arch.experts > 1 or (not lin.bias and arch.model_type != "gpt2")  # GPT-2: Conv1D, addmm
+        if lin.role == "router" and arch.experts > 1:
+            is_mm = False
+        if is_mm:
+            count += 1
+        out.append((is_mm and count % 2 == 1, k * width, k * fan_in * width))
+        if lin.name in targets:
+            for w, macs in ((spec.lora_r, fan_in * spec.lora_r), (width, spec.lora_r * width)):
+                count += 1
+                out.append((count % 2 == 1, k * w, k * macs))
+    return out
 
 
 def recompute_working_set(spec: TrainSpec, layer: LayerActivations) -> float:

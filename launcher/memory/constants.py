@@ -30,6 +30,11 @@ ADAMW_8BIT_BYTES = 2 + 2 * 4 / 2048
 REDUCE_BUCKETS_STAGE12 = 2
 STAGE3_PREFETCH_FACTOR = 0.9
 STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
+# Parameters smaller than this many x hidden stay gathered (stage3_param_persistence_threshold);
+# a released parameter that is used again within this many elements stays gathered
+# (stage3_max_reuse_distance, DeepSpeed's default, which ds_configs/zero3.json keeps).
+STAGE3_PERSISTENCE_FACTOR = 10
+STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
 # DeepSpeed's stage-3 optimizer converts 16-bit gradient partitions to fp32 one sub-group at a
 # time; the emitter sets sub_group_size to this many elements.
 STAGE3_SUB_GROUP_SIZE = 1_000_000_000

@@ -105,38 +105,57 @@ def check_parallelism(arch: ModelArch, spec: TrainSpec, world: int) -> int:
 def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     p = S.stage_params(arch, spec, layers, first, last)
     st = S.model_states(spec, p, dp)
-    zbuf = S.zero_buffers(spec, arch, p)
+    window, bucket = S.zero_buffers(spec, arch, p)
     per_layer = A.layer_activations(arch, spec, targets)
-    acts = layers * A.stored_per_layer(arch, spec, per_layer) * inflight
-    acts += A.recompute_working_set(spec, per_layer)
-    acts += A.edge_activations(arch, spec, first, last) * (inflight if first else 1)
+    stored = layers * A.stored_per_layer(arch, spec, per_layer, targets) * inflight
+    stored += A.edge_activations(arch, spec, first, last) * (inflight if first else 1)
     logits = A.logits_bytes(arch, spec) if last else 0.0
+    # the loss's backward (logits working set) is over before the last block is recomputed
+    recompute = A.recompute_working_set(spec, per_layer)
 
     persistent_grads = st.grads if st.grads_persistent else 0.0
     persistent_fp32 = st.fp32_grads if st.fp32_grads_persistent else 0.0
-    base = st.weights + st.master + st.optimizer + zbuf + persistent_grads + persistent_fp32
-    act_phase = acts + logits
-    grad_phase = (st.grads - persistent_grads) + (st.fp32_grads - persistent_fp32)
-    if act_phase >= grad_phase:
-        phase, grads_now, acts_now, logits_now = (
-            "backward start",
-            persistent_grads + persistent_fp32,
-            acts,
-            logits,
-        )
-    else:
-        phase, grads_now, acts_now, logits_now = "optimizer step", st.grads + st.fp32_grads, 0.0, 0.0
+    base = st.weights + st.master + st.optimizer + bucket + persistent_grads + persistent_fp32
+    # Three moments compete for the peak (bytes on top of `base`, by component):
+    # all saved activations and the loss's working set (or, if larger, the first block
+    # recomputed after it); ZeRO-3's window of gathered parameters
+    start = {"zero_buffers": window, "activations": stored, "logits_loss": logits}
+    if recompute > logits:
+        start.update(activations=stored + recompute, logits_loss=0.0)
+    moments = {
+        "backward start": start,
+        # tied embeddings: the LM head's weight gradient waits in autograd's buffer until the
+        # embedding's arrives, then both are summed (3 gradient-sized tensors for a moment)
+        "backward end": {
+            "zero_buffers": window,
+            "gradients": _backward_end_grads(arch, spec, st, first, last),
+        },
+        # gathered parameters released; every gradient and the fp32 gradient copy exist
+        "optimizer step": {"gradients": (st.grads - persistent_grads) + (st.fp32_grads - persistent_fp32)},
+    }
+    phase = max(moments, key=lambda k: sum(moments[k].values()))
+    now = moments[phase]
     comps = {
         "weights": st.weights,
-        "gradients": grads_now,
+        "gradients": persistent_grads + persistent_fp32 + now.get("gradients", 0.0),
         "master_weights": st.master,
         "optimizer_states": st.optimizer,
-        "activations": acts_now,
-        "logits_loss": logits_now,
-        "zero_buffers": zbuf,
+        "activations": now.get("activations", 0.0),
+        "logits_loss": now.get("logits_loss", 0.0),
+        "zero_buffers": bucket + now.get("zero_buffers", 0.0),
     }
-    allocated = base + max(act_phase, grad_phase)
+    allocated = base + sum(now.values())
     return allocated, comps, phase, st, p, per_layer.total, st.grads + st.fp32_grads
+
+
+def _backward_end_grads(arch, spec, st, first, last) -> float:
+    """Gradient bytes beyond the persistent buffers as the backward ends."""
+    tied = 0.0
+    if arch.tied_embeddings and spec.method == "full" and first and last:
+        tied = arch.vocab * arch.hidden * (4 if spec.precision == "fp32" else 2) / spec.tp
+    if spec.zero_stage < 2:  # every gradient is kept as it comes (DeepSpeed reduces after backward)
+        return (0.0 if st.grads_persistent else st.grads) + 2 * tied
+    return 3 * tied  # ZeRO-2/3 reduce each gradient into the partition as it comes
 
 
 def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate:
@@ -146,6 +165,11 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
     notes: list[str] = []
     if A.attention_impl(arch, spec) != spec.attention:
         notes.append(f"{arch.model_type} supports only eager attention in transformers; counted as eager")
+    if S.adafactor_flattened(spec):
+        notes.append(
+            "Adafactor under DeepSpeed's mixed precision or ZeRO steps on flat 1-D partitions, so its "
+            "second moment is not factored (4 B/param); fp32 with --zero-stage 0 keeps it factored"
+        )
     pp = spec.pp
     per_stage = S.layers_per_stage(arch.layers, pp)
     if pp == 1:

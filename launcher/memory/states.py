@@ -15,7 +15,7 @@ tests/test_memory_states.py):
   * ZeRO-3: DeepSpeed's 18 bytes/param omit the 16-bit gradient partition
     (grad_partitions_flat_buffer in stage3.py, 2 bytes/param/dp); we count it, and we count the
     fp32 gradient copy one optimizer sub-group at a time. Its 4 x largest-layer term is our
-    gathered-parameter buffers (see `zero_buffers`).
+    gathered-parameter window (see `zero_buffers`).
 """
 
 from __future__ import annotations
@@ -146,7 +146,17 @@ def optimizer_bytes(spec: TrainSpec, p: StageParams) -> float:
         return p.trainable * C.ADAMW_8BIT_BYTES
     if spec.optimizer == "sgd":
         return p.trainable * (2 if spec.precision == "bf16-pure" else 4)
-    return p.adafactor_elems * 4  # adafactor
+    if adafactor_flattened(spec):
+        # DeepSpeed hands the optimizer flat 1-D partitions: nothing left to factor, one
+        # second-moment value per element in the partition's dtype (seen in the trace)
+        return p.trainable * (2 if spec.precision == "bf16-pure" else 4)
+    return p.adafactor_elems * 4  # adafactor on the model's own matrices
+
+
+def adafactor_flattened(spec: TrainSpec) -> bool:
+    """DeepSpeed flattens parameters for mixed precision (fp16/bf16 optimizers) and for ZeRO
+    partitions; only fp32 without ZeRO gives the client optimizer the model's matrices."""
+    return spec.optimizer == "adafactor" and (spec.zero_stage >= 1 or spec.precision != "fp32")
 
 
 @dataclass(frozen=True)
@@ -211,21 +221,22 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int) -> States:
     return States(weights, grads, grads_persistent, master, opt, fp32g, fp32_persistent, host, nvme)
 
 
-def zero_buffers(spec: TrainSpec, arch: ModelArch, p: StageParams) -> float:
-    """Communication buckets and, under ZeRO-3, the gathered (live) parameters and their grads."""
+def zero_buffers(spec: TrainSpec, arch: ModelArch, p: StageParams) -> tuple[float, float]:
+    """(gathered-parameter window while forward/backward run, communication buckets always)."""
     h2 = arch.hidden * arch.hidden
     e = 4 if spec.precision == "fp32" else 2
     if spec.zero_stage in (1, 2):
-        return C.REDUCE_BUCKETS_STAGE12 * h2 * e
+        return 0.0, C.REDUCE_BUCKETS_STAGE12 * h2 * e
     if spec.zero_stage == 3:
-        # prefetching stops at max_live_parameters, but a module is always gathered whole
-        prefetched = min(p.largest_module + C.STAGE3_PREFETCH_FACTOR * h2, C.STAGE3_MAX_LIVE_PARAMETERS)
-        live = max(p.largest_module, prefetched)
-        # gathered 16-bit params + the largest module's full gradient before reduce-scatter
-        # + one reduce bucket
-        grad_live = p.largest_module if p.trainable else 0.0
-        return (live + grad_live + h2) * e
-    return 0.0
+        # DeepSpeed's prefetch queue runs ahead of the compute (each fetch prefetches the next
+        # not-yet-gathered parameters, gathered ones are skipped for free) until the gathered
+        # parameters reach stage3_max_live_parameters; a module is always gathered whole, and
+        # no more than the stage's parameters can be. Measured by the ZeRO-3 trace
+        # (launcher/trace/zero3.py follows DeepSpeed's coordinator). Released by the optimizer
+        # step; one reduce bucket stays.
+        window = max(p.largest_module, min(C.STAGE3_MAX_LIVE_PARAMETERS, p.total))
+        return window * e, h2 * e
+    return 0.0, 0.0
 
 
 def layers_per_stage(layers: int, pp: int) -> int:

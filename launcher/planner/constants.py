@@ -69,9 +69,6 @@ FP32_FALLBACK_FRACTION = 1 / 16
 # all of it.
 CAUSAL_FRACTION = 0.5
 
-# Selective recompute (launcher/memory/activations.py: every other linear's output is kept, as
-# torchtitan's op-level SAC policy does) recomputes about half of the blocks' linear forward.
-SELECTIVE_RECOMPUTE_FRACTION = 0.5
 
 # Fraction of a communication or transfer that hides behind the compute it can overlap with
 # (DeepSpeed overlap_comm and stage-3 prefetching; async offload copies). Overlap is imperfect:

@@ -9,7 +9,8 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              backward twice the forward for full fine-tuning (6·N in all); LoRA skips the frozen
              weights' gradients (4·N) and adds 6·n per adapter parameter. The LM head (2·V·h) is
              not split by tensor parallelism (AutoTP), the blocks are.
-  recompute  full: one more forward of every block; selective: half of the blocks' linears.
+  recompute  full: one more forward of every block; selective: the matmuls the per-op policy
+             does not keep (activations.selective_matmuls: every other bias-free linear).
   dequant    QLoRA: every 4-bit weight dequantised per use (forward, backward, recompute) at HBM
              bandwidth.
   tp_comm    per layer and micro-batch, 2 all-reduces forward + 2 backward (+2 in a full
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 from launcher.hardware import ClusterSpec, GpuType
 from launcher.memory import states as S
-from launcher.memory.activations import attention_impl
+from launcher.memory.activations import attention_impl, selective_matmuls
 from launcher.models.arch import ModelArch
 from launcher.planner import constants as C
 from launcher.spec import TrainSpec
@@ -113,8 +114,8 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         layer_train, head_train = 4 * mm + 3 * attn + 6 * lora, 2 * head
     if spec.grad_ckpt == "full":
         recompute = 2 * mm + attn + 2 * lora
-    elif spec.grad_ckpt == "selective":
-        recompute = C.SELECTIVE_RECOMPUTE_FRACTION * 2 * mm
+    elif spec.grad_ckpt == "selective":  # the matmuls the policy does not keep, and the rest
+        recompute = 2 * sum(macs for kept, _, macs in selective_matmuls(arch, spec, targets) if not kept)
     else:
         recompute = 0.0
     return TokenFlops(layer_train, recompute, head_train)
@@ -168,7 +169,9 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
 
     dequant = 0.0
     if spec.method == "qlora":
-        uses = 2 + {"none": 0.0, "selective": C.SELECTIVE_RECOMPUTE_FRACTION, "full": 1.0}[spec.grad_ckpt]
+        # base weights dequantised per use: forward, backward, and the recompute (selective:
+        # about half of the linears)
+        uses = 2 + {"none": 0.0, "selective": 0.5, "full": 1.0}[spec.grad_ckpt]
         dequant = uses * p.quantizable * C.DEQUANT_BYTES_PER_PARAM / (gpu.hbm_bandwidth_gbs * 1e9)
 
     intra = gpu.intra_node_bandwidth_gbs * 1e9

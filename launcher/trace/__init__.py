@@ -71,6 +71,12 @@ def trace(
         "hidden": arch.hidden,
         "vocab": arch.vocab,
         "sub_group": C.STAGE3_SUB_GROUP_SIZE,
+        "zero3": {
+            "prefetch": C.STAGE3_PREFETCH_FACTOR * arch.hidden**2,
+            "persistence": C.STAGE3_PERSISTENCE_FACTOR * arch.hidden,
+            "reuse_distance": C.STAGE3_MAX_REUSE_DISTANCE,
+            "max_live": C.STAGE3_MAX_LIVE_PARAMETERS,
+        },
     }
     env = dict(os.environ, DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env.setdefault("OMP_NUM_THREADS", "1")

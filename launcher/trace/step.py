@@ -11,9 +11,9 @@ What is traced for real: the model's forward and backward as transformers and pe
 temporaries), LoRA's frozen base weights, parameter dtypes, and torch's optimizer creating and
 stepping its states. What is laid out as DeepSpeed lays it out (its engine cannot run on fake
 tensors): the fp32 master partition and fp32 gradient copy of mixed precision, ZeRO-1/2/3
-partitions over `dp` fake ranks, ZeRO-1/2 reduce buckets, and ZeRO-3's gathering of a module's
-parameters while it runs (forward and backward) and reduce-scatter of each gradient as soon as
-it is accumulated. Two steps run so that the second sees the optimizer states.
+partitions over `dp` fake ranks, ZeRO-1/2 reduce buckets, and ZeRO-3's gathering, prefetching and
+releasing of parameters (launcher/trace/zero3.py) and reduce-scatter of each gradient as soon
+as it is accumulated. Two steps run so that the second sees the optimizer states.
 """
 
 from __future__ import annotations
@@ -35,32 +35,6 @@ def _flat(torch, numel: float, dtype, tracker, label: str):
     t = torch.empty(max(1, math.ceil(numel)), dtype=dtype)
     tracker.add(t, label)
     return t
-
-
-def _zero3_gather_hooks(model, tracker, torch):
-    """Count each module's parameters as gathered while its forward or backward runs."""
-
-    def own_bytes(m):
-        return sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
-
-    live: dict[int, list] = {}
-
-    def gather(m, *_):
-        buf = torch.empty(own_bytes(m), dtype=torch.uint8)
-        tracker.add(buf, "zero_buffers")
-        live.setdefault(id(m), []).append(buf)
-
-    def release(m, *_):
-        bufs = live.get(id(m))
-        if bufs:
-            bufs.pop()
-
-    for m in model.modules():
-        if own_bytes(m):
-            m.register_forward_pre_hook(gather)
-            m.register_forward_hook(release)
-            m.register_full_backward_pre_hook(gather)
-            m.register_full_backward_hook(release)
 
 
 def _no_op_casts(torch, dtype) -> None:
@@ -111,6 +85,7 @@ def trace_step(req: dict) -> dict:
 
     from launcher.spec import TrainSpec
     from launcher.trace.tracker import CategoryTracker
+    from launcher.trace.zero3 import Zero3Gather
     from launcher.train.model import build_model, torch_dtype
 
     spec = TrainSpec(**req["spec"])
@@ -141,10 +116,20 @@ def trace_step(req: dict) -> dict:
         for b in model.buffers():
             tracker.add(b, "weights")
         keep: list = []  # harness buffers that live for the whole step
+        zero3 = None
         if stage == 3:
             if spec.offload_params == "none":
                 keep.append(_flat(torch, weight_bytes / dp, torch.uint8, tracker, "weights"))
-            _zero3_gather_hooks(model, tracker, torch)
+            z3 = req["zero3"]
+            zero3 = Zero3Gather(
+                model,
+                tracker,
+                torch,
+                prefetch=int(z3["prefetch"]),
+                persistence=int(z3["persistence"]),
+                reuse_distance=int(z3["reuse_distance"]),
+                max_live=int(z3["max_live"]),
+            )
         if stage in (1, 2):
             keep.append(_flat(torch, 2 * hidden * hidden * gsize, torch.uint8, tracker, "zero_buffers"))
         if stage == 3:
@@ -170,7 +155,10 @@ def trace_step(req: dict) -> dict:
             parts = []
             opt_params = trainable
         opt = _optimizer(torch, spec, opt_params)
-        reduce_now = stage >= 2 or (mixed and stage == 0 and spec.precision == "bf16")
+        # ZeRO-2/3 reduce each gradient into the partition as soon as it is accumulated;
+        # ZeRO-0/1 keep them all until the backward ends (bf16 ZeRO-0: BF16_Optimizer's
+        # immediate_grad_update is off by default, it copies into its fp32 buffer after)
+        reduce_now = stage >= 2
         if stage >= 2 and not offload_opt:  # the reduced gradient partition
             keep.append(_flat(torch, n_train / dp * gsize, torch.uint8, tracker, "gradients"))
         fp32_acc = None
@@ -181,7 +169,7 @@ def trace_step(req: dict) -> dict:
             if p.grad is None:
                 return
             if reduce_now:
-                p.grad = None  # reduced into the persistent partition / fp32 accumulation buffer
+                p.grad = None  # reduced into the persistent partition
             else:
                 tracker.add(p.grad, "gradients")
 
@@ -203,16 +191,20 @@ def trace_step(req: dict) -> dict:
 
         ids = torch.randint(0, int(req["vocab"]), (spec.micro_batch, spec.seq_len))
         moments: dict[str, int] = {}
+        micro_batches = min(spec.grad_accum, 2)
         with tracker:
             for step in (1, 2):
-                _progress(f"step {step}: forward")
-                tracker.phase, tracker.moment = "activations", "forward"
-                loss = model(input_ids=ids, labels=ids).loss
-                _progress(f"step {step}: backward")
-                tracker.phase, tracker.moment = "logits_loss", "backward"
-                moments[f"step {step} backward start"] = tracker.total
-                loss.backward()
-                del loss
+                if zero3 is not None:
+                    zero3.start_step()
+                for micro in range(micro_batches):  # gradients accumulate over the second
+                    _progress(f"step {step}: forward" + (f" (micro-batch {micro + 1})" if micro else ""))
+                    tracker.phase, tracker.moment = "activations", "forward"
+                    loss = model(input_ids=ids, labels=ids).loss
+                    _progress(f"step {step}: backward")
+                    tracker.phase, tracker.moment = "logits_loss", "backward"
+                    moments[f"step {step}.{micro + 1} backward start"] = tracker.total
+                    loss.backward()
+                    del loss
                 # DeepSpeed's fused Adam updates in place; torch's single-tensor AdamW makes
                 # parameter-sized temporaries: not counted, the states it keeps are
                 tracker.phase, tracker.moment = "optimizer_temporaries", "optimizer step"
@@ -234,6 +226,8 @@ def trace_step(req: dict) -> dict:
                     _count_states(tracker, opt)
                 for p in trainable:
                     p.grad = None
+                if zero3 is not None:
+                    zero3.end_recording()
     return {
         "peak_bytes": tracker.peak,
         "peak_phase": tracker.peak_phase,

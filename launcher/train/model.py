@@ -58,14 +58,17 @@ def selective_checkpoint_context():
         torch.ops.aten._scaled_dot_product_efficient_attention.default,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     }
-    counter = {"mm": 0}
+    counter = {"forward": 0, "recompute": 0}
 
     def policy(ctx, op, *args, **kwargs):
         if op in keep:
             return CheckpointPolicy.MUST_SAVE
         if op == torch.ops.aten.mm.default:
-            counter["mm"] += 1
-            return CheckpointPolicy.MUST_SAVE if counter["mm"] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
+            # counted separately in the forward and in the recompute, so that both passes
+            # decide alike whatever the number of matmuls in a block
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counter[mode] += 1
+            return CheckpointPolicy.MUST_SAVE if counter[mode] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
     return create_selective_checkpoint_contexts(policy)

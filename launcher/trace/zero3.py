@@ -1,0 +1,131 @@
+"""ZeRO-3 parameter gathering over fake ranks, by DeepSpeed's rules, for the traced step.
+
+The traced model keeps its full parameters (so that it can run); the tracker does not count
+them ("unsharded_weights"). What a ZeRO-3 rank holds instead is counted: its 1/dp partition
+(by the step harness) and the parameters it has gathered, following DeepSpeed 0.19's
+PartitionedParameterCoordinator (runtime/zero/partitioned_param_coordinator.py):
+  * the first step records the order in which modules fetch their parameters and releases
+    each module's parameters after use;
+  * from the second step on, a fetch also prefetches the next not-yet-gathered parameters of
+    the recorded order, up to the prefetch bucket per fetch and `max_live` gathered in all;
+    the queue of upcoming uses is consumed as it goes, skipping gathered parameters for free;
+  * a module's parameters are released after its forward / backward unless they were
+    prefetched for a later use, or are used again within `reuse_distance` elements;
+  * parameters smaller than the persistence threshold stay gathered throughout.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class Zero3Gather:
+    def __init__(
+        self, model, tracker, torch, *, prefetch: int, persistence: int, reuse_distance: int, max_live: int
+    ):
+        self.tracker = tracker
+        self.torch = torch
+        self.prefetch = prefetch
+        self.persistence = persistence
+        self.reuse_distance = reuse_distance
+        self.max_live = max_live
+        self.live: dict[int, object] = {}  # id(param) -> its gathered buffer
+        self.n_live = 0  # elements gathered (persistent ones not counted, as in DeepSpeed)
+        self.modules: dict[int, tuple] = {}
+        self.order: list[tuple] = []  # params of each fetch, in order (recorded in step 1)
+        self.recording = True
+        self.step_id = 0
+        self.queue: deque = deque()
+        self.fetched_for: dict[int, int] = {}  # id(param) -> latest use it was fetched for
+        for m in model.modules():
+            params = tuple(m.parameters(recurse=False))
+            if not params:
+                continue
+            self.modules[id(m)] = params
+            m.register_forward_pre_hook(self._on_fetch)
+            m.register_forward_hook(self._on_release)
+            m.register_full_backward_pre_hook(self._on_fetch)
+            m.register_full_backward_hook(self._on_release)
+            for p in params:
+                if self._persistent(p):
+                    self._gather(p)
+
+    # -- the step ----------------------------------------------------------------------------
+    def start_step(self) -> None:
+        self.step_id = 0
+        self.fetched_for = {}
+        self.queue = deque((p, step) for step, params in enumerate(self.order) for p in params)
+
+    def end_recording(self) -> None:
+        self.recording = False
+
+    # -- gathering ---------------------------------------------------------------------------
+    def _persistent(self, p) -> bool:
+        return p.numel() < self.persistence
+
+    def _gather(self, p) -> None:
+        if id(p) in self.live:
+            return
+        buf = self.torch.empty(p.numel() * p.element_size(), dtype=self.torch.uint8)
+        self.tracker.add(buf, "zero_buffers")
+        self.live[id(p)] = buf
+        if not self._persistent(p):
+            self.n_live += p.numel()
+
+    def _free(self, p) -> None:
+        if self.live.pop(id(p), None) is not None:
+            self.n_live -= p.numel()
+
+    def _on_fetch(self, module, *_) -> None:
+        params = self.modules[id(module)]
+        if self.recording:
+            self.order.append(params)
+        for p in params:
+            self._gather(p)
+        if not self.recording:
+            self._consume_own(params)
+            self._prefetch()
+        self.step_id += 1
+
+    def _consume_own(self, params) -> None:
+        """Pop this fetch's own uses off the queue (unless an earlier prefetch already did)."""
+        pending = {id(p) for p in params if self.fetched_for.get(id(p), -1) < self.step_id}
+        while self.queue and pending:
+            p, step = self.queue.popleft()
+            self.fetched_for[id(p)] = step
+            pending.discard(id(p))
+
+    def _prefetch(self) -> None:
+        budget = min(self.max_live - self.n_live, self.prefetch)
+        taken = 0
+        chosen: list = []
+        while self.queue and taken < budget:
+            p, step = self.queue.popleft()
+            self.fetched_for[id(p)] = max(self.fetched_for.get(id(p), -1), step)
+            if id(p) not in self.live and all(q is not p for q in chosen):
+                chosen.append(p)
+                taken += p.numel()
+        for p in chosen:
+            self._gather(p)
+
+    # -- releasing ---------------------------------------------------------------------------
+    def _on_release(self, module, *_) -> None:
+        params = [p for p in self.modules[id(module)] if not self._persistent(p)]
+        if not self.recording:
+            keep = self._reused_soon()
+            params = [
+                p for p in params if id(p) not in keep and self.fetched_for.get(id(p), -1) <= self.step_id
+            ]
+        for p in params:
+            self._free(p)
+
+    def _reused_soon(self) -> set[int]:
+        soon: set[int] = set()
+        traversed = 0
+        for params in self.order[self.step_id :]:
+            if traversed >= self.reuse_distance:
+                break
+            for p in params:
+                soon.add(id(p))
+                traversed += p.numel()
+        return soon
