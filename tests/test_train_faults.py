@@ -3,6 +3,7 @@ cancel mid-run. No step is lost or repeated and the last complete checkpoint alw
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import time
 import pytest
 
 from launcher.backends import local
+from launcher.models.catalog import CATALOG
 from launcher.spec import TrainSpec
 from tests.runs import cpu_env, make_run, run_torchrun
 
@@ -85,27 +87,89 @@ def test_sigkill_of_a_rank_restarts_and_resumes_with_the_same_curve(tmp_path, mo
         assert got[step] == pytest.approx(loss, abs=1e-4), step
 
 
+# tiny-llama's save lasts ~10-25 ms here, too short to land a kill inside it every time; this
+# wider, deeper Llama (4.2M parameters, ~57 MB per checkpoint with the optimizer states) keeps a
+# save's temporary directory in place for ~100 ms, against a 2 ms poll, and trains 16 steps in
+# about the same time.
+SAVE_KILL_MODEL = {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4}
+
+
+def proc_state(pid: int) -> str:
+    """R, S, T (stopped), Z (exited, not yet reaped)...; "gone" once reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
+def digests(ckpt) -> dict[str, str]:
+    return {
+        str(f.relative_to(ckpt)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(ckpt.rglob("*"))
+        if f.is_file()
+    }
+
+
 def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_path, monkeypatch):
-    run_dir, _ = make_run(tmp_path, "savekill", SPEC, max_restarts=1, max_steps=16, save_every=4, lr=1e-3)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**CATALOG["tiny-llama"], **SAVE_KILL_MODEL}))
+    # keep_last 4: no checkpoint is rotated away, so step 4 can be compared after the resume
+    run_dir, _ = make_run(
+        tmp_path,
+        "savekill",
+        SPEC,
+        model=str(config),
+        max_restarts=1,
+        max_steps=16,
+        save_every=4,
+        keep_last=4,
+        lr=1e-3,
+    )
     submit_with_cpu_env(run_dir, monkeypatch)
     ckpts = run_dir / "checkpoints"
-    # the first save is at step 4; kill rank 0 the moment a temporary save directory appears
-    wait_for(
-        lambda: (
-            started_steps(run_dir) >= 5
-            or any(p.name.startswith(".tmp-step-00000008") for p in ckpts.iterdir())
-        ),
-        240,
-        "the second save",
-    )
+    prev, tmp, final = ckpts / "step-00000004", ckpts / ".tmp-step-00000008", ckpts / "step-00000008"
+    wait_for(prev.is_dir, 240, "the step-4 checkpoint")
     pid = int((run_dir / "logs" / "pids" / "rank-0").read_text())
+    # rank 0 (local rank 0, the only rank that renames) is stopped the moment the step-8 save's
+    # temporary directory appears, long before its rename; frozen, it can change nothing, so what
+    # is on disk then is what the SIGKILL that follows leaves. (Record it before the kill: once
+    # rank 0 is dead, rank 1's barrier fails and its failure handling removes the temp directory.)
+    deadline = time.time() + 120
+    while not tmp.is_dir():
+        assert time.time() < deadline, "timed out waiting for the step-8 save to begin"
+        time.sleep(0.002)
+    os.kill(pid, signal.SIGSTOP)
+    wait_for(lambda: proc_state(pid) == "T", 10, "rank 0 to stop")
+    at_kill = {"tmp": tmp.is_dir(), "final": final.exists(), "tmp_files": sorted(os.listdir(tmp))}
     os.kill(pid, signal.SIGKILL)
+    assert at_kill["tmp"] and not at_kill["final"], at_kill  # the kill landed inside the save
+    wait_for(lambda: proc_state(pid) in ("Z", "gone"), 10, "rank 0 to die")
+    assert not final.exists()  # the unfinished save was never renamed into place
+    before = digests(prev)
+    assert any(name.startswith("rank-") for name in before)  # a complete checkpoint
+
     st = wait_done(run_dir)
-    # the restarted group resumed from a complete checkpoint and finished
     assert st["state"] == "SUCCEEDED", (run_dir / "logs" / "launcher.log").read_text()[-3000:]
-    assert any(e["event"] == "resumed" for e in events(run_dir))
-    assert sorted(curve(run_dir)) == list(range(1, 17))
+    rows = [json.loads(x) for x in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    # one resume, from step 4: the unfinished step-8 save was not taken as a checkpoint
+    resumed = [i for i, r in enumerate(rows) if r.get("event") == "resumed"]
+    assert [rows[i]["step"] for i in resumed] == [4]
+    first, second = rows[: resumed[0]], rows[resumed[0] + 1 :]
+    assert [r["step"] for r in first if "loss" in r] == list(range(1, 9))  # killed in step 8's save
+    assert [r["step"] for r in first if r.get("event") == "checkpoint"] == [4]
+    # no step lost or repeated: the resumed attempt ran 5..16 once each, and steps 5..8 again
+    # with the same loss as before the kill
+    assert [r["step"] for r in second if "loss" in r] == list(range(5, 17))
+    assert [r["step"] for r in second if r.get("event") == "checkpoint"] == [8, 12, 16]
+    again = {r["step"]: r["loss"] for r in second if "loss" in r}
+    for r in first:
+        if "loss" in r and r["step"] > 4:
+            assert again[r["step"]] == pytest.approx(r["loss"], abs=1e-4), r["step"]
+    # the previous checkpoint is intact, the temporary one is gone, every save completed
+    assert digests(prev) == before
     assert not [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
+    assert [p.name for p in sorted(ckpts.glob("step-*"))] == [f"step-{s:08d}" for s in (4, 8, 12, 16)]
 
 
 def test_cancel_mid_run_checkpoints_first(tmp_path, monkeypatch):
