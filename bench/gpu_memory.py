@@ -6,7 +6,7 @@ x micro-batch, one GPU, ZeRO-0, AdamW, sdpa) this writes a run directory, runs t
 that the optimizer states exist at the peak, reads torch.cuda.max_memory_allocated / _reserved
 from the worker's logs/metrics.jsonl at that step, and kills it as it trains on (no checkpoint,
 eval or export is ever written). Each row records the estimate (`ftlaunch estimate --json`,
-the same call bench/estimate_accuracy.py makes) next to the measured figures and the signed
+the same estimate bench/accuracy.py makes) next to the measured figures and the signed
 error (estimate - measured) / measured. bench/gpu_memory_run.py runs one row.
 
     python bench/gpu_memory.py --budget-s 480     on a machine with an NVIDIA GPU (~8 minutes)
@@ -25,7 +25,7 @@ Outputs (GPU run; a CPU run writes *.cpu.* beside them):
     bench/results/gpu_memory.md      the same as a markdown table (for the README)
     bench/results/gpu_measured.jsonl two rows per measured configuration (metric allocated and
                                      reserved) in the shape of shared/data/published_memory.jsonl,
-                                     trust A: `python bench/estimate_accuracy.py bench/results/gpu_measured.jsonl`
+                                     trust A: `python bench/accuracy.py bench/results/gpu_measured.jsonl`
 
 Weights are random (the GPU machine has no internet): once per model a random checkpoint is
 written to the work directory (initialised on the GPU, which is fast) and every row loads it as
@@ -225,7 +225,7 @@ def run_rows(
 
 
 def estimate(args: dict) -> dict:
-    """`ftlaunch estimate --json` in this process (as bench/estimate_accuracy.py calls it)."""
+    """`ftlaunch estimate --json` in this process (as bench/accuracy.py estimates)."""
     from launcher.cli import main as ftlaunch
 
     argv = ["estimate", "--json"]

@@ -93,17 +93,21 @@ def _n_norms(arch: ModelArch) -> int:
     return max(1, round(arch.layer_norm_params / per)) if per else 1
 
 
-def norm_bytes(arch: ModelArch, tokens: float, e: int, trainable: bool) -> float:
+def norm_bytes(arch: ModelArch, tokens: float, e: int, trainable: bool, width: float | None = None) -> float:
     """What one norm over `tokens` rows keeps for backward.
 
     HF RMSNorm: x.float() -> x * rsqrt(mean(x²) + eps) -> .to(dtype) * weight. pow/mul keep the
     fp32 input and rsqrt; the weight multiply keeps the normalised tensor only when the weight
     trains (not under LoRA). LayerNorm keeps its input and the fp32 mean/rstd.
     """
-    h = arch.hidden
+    h = arch.hidden if width is None else width
     if arch.norm == "rmsnorm":
         return tokens * h * 4 + 4 * tokens + (tokens * h * e if trainable else 0)
     return tokens * h * e + 8 * tokens
+
+
+# Families whose attention normalises every query and key head (RMSNorm over head_dim) before RoPE.
+_QK_NORM = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text"}
 
 
 _MEMO = ArchMemo()
@@ -140,6 +144,9 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
 
     n_norms = _n_norms(arch)
     norms = n_norms * norm_bytes(arch, T, e, spec.method == "full")
+    if arch.model_type in _QK_NORM:
+        rows = T * (arch.heads + arch.kv_heads) / spec.tp
+        norms += norm_bytes(arch, rows, e, spec.method == "full", width=arch.head_dim)
 
     linear_inputs = 0.0
     if keeps("qkv"):

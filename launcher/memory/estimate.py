@@ -185,11 +185,9 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
             best = r
     allocated, comps, phase, st, p, per_layer, grads_full = best
 
-    margin = max(allocated * C.ALLOCATOR_MARGIN_FRACTION, C.ALLOCATOR_MARGIN_MIN_GIB * C.GIB)
-    reserved = allocated + margin
-    outside = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if cluster.world_size > 1 else 0)) * C.GIB
-    comps["allocator_margin"] = margin
-    comps["cuda_context_nccl"] = outside
+    reserved, gpu_total = device_figures(allocated, cluster.world_size)
+    comps["allocator_margin"] = reserved - allocated
+    comps["cuda_context_nccl"] = gpu_total - reserved
 
     ranks = min(cluster.world_size, cluster.gpus_per_node)
     host, nvme = _host_and_nvme(arch, spec, st, ranks)
@@ -198,7 +196,7 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
         components={k: comps[k] for k in COMPONENTS},
         peak_allocated=allocated,
         peak_reserved=reserved,
-        gpu_total=reserved + outside,
+        gpu_total=gpu_total,
         gpu_memory=cluster.gpu_memory_gib * C.GIB,
         peak_phase=phase,
         host_components=host,
@@ -211,6 +209,14 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
         activations_per_layer=per_layer,
         notes=tuple(notes),
     )
+
+
+def device_figures(allocated: float, world_size: int) -> tuple[float, float]:
+    """(peak reserved, GPU total) for a peak allocated: the caching allocator's margin, then the
+    CUDA context (and NCCL's buffers with more than one rank) outside the allocator."""
+    reserved = allocated + max(allocated * C.ALLOCATOR_MARGIN_FRACTION, C.ALLOCATOR_MARGIN_MIN_GIB * C.GIB)
+    outside = (C.CUDA_CONTEXT_GIB + (C.NCCL_BUFFERS_GIB if world_size > 1 else 0)) * C.GIB
+    return reserved, reserved + outside
 
 
 def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, ranks: int) -> tuple[dict, float]:

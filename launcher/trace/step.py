@@ -79,6 +79,18 @@ def _packed_batches() -> None:
     masking.find_packed_sequence_indices = lambda position_ids: None
 
 
+def _attention_without_dropout(torch) -> None:
+    """CUDA's flash / memory-efficient kernels apply attention dropout inside the kernel (they
+    keep only an RNG state); the CPU's flash kernel cannot, and sdpa then falls back to the
+    math path that materialises the score matrix. Trace the kernel a GPU runs: no dropout."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def without_dropout(query, key, value, attn_mask=None, dropout_p=0.0, *args, **kwargs):
+        return sdpa(query, key, value, attn_mask, 0.0, *args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = without_dropout
+
+
 def trace_step(req: dict) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -100,6 +112,7 @@ def trace_step(req: dict) -> dict:
     tracker = CategoryTracker(uncounted=uncounted)
     _no_op_casts(torch, torch_dtype(spec.precision))
     _packed_batches()
+    _attention_without_dropout(torch)
     with FakeTensorMode(allow_non_fake_inputs=False):
         _progress("building the model on fake tensors")
         model = build_model(hf, "", spec, init="random", seed=0, lora_dropout=0.0)
