@@ -176,7 +176,7 @@ def targets(results: list[dict], summary: dict) -> list[tuple[str, bool, str]]:
     a = summary.get("published trust A", {}).get("analytic")
     out.append(
         (
-            f"published trust A: median |error| <= {TARGET_MEDIAN_A:g} %, worst <= {TARGET_WORST_A:g} %",
+            f"published trust A: median abs error <= {TARGET_MEDIAN_A:g} %, worst <= {TARGET_WORST_A:g} %",
             bool(a) and a["median"] <= TARGET_MEDIAN_A and a["worst"] <= TARGET_WORST_A,
             f"median {a['median']} %, worst {a['worst']} % over {a['rows']} rows" if a else "no trust-A rows",
         )

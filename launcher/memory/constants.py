@@ -1,7 +1,18 @@
 """Every constant the analytic memory model uses, in one place, each with where it comes from.
 
-Byte counts per element follow from the dtypes; the few empirical constants (allocator
-margin, CUDA context, host baseline) are marked EMPIRICAL and are what issue 8 calibrates.
+Where each comes from:
+  * byte counts per element: the dtypes;
+  * DeepSpeed buffer sizes and thresholds: what our emitter writes into ds_config.json
+    (DeepSpeed's defaults where we keep them), read from DeepSpeed 0.19's source;
+  * CALIBRATED AGAINST TRACES (`ftlaunch estimate --trace`, bench/accuracy.py): the terms a
+    training step's tensors decide - 12 bytes per logit for the loss (activations.py), the
+    ZeRO-3 window of STAGE3_MAX_LIVE_PARAMETERS gathered parameters, the tied-embedding
+    gradient moment (estimate.py), the selective-checkpointing matmul set and qk-norms
+    (activations.py), Adafactor on flat partitions (states.py). The traces agree with the
+    analytic model within 0.5 % on the configurations of tests/test_trace.py and bench/;
+  * EMPIRICAL: what no trace can see (the caching allocator's rounding, the CUDA context,
+    NCCL's buffers, host RAM per process). Still literature values: bench/gpu_memory.py
+    measures allocated vs reserved on the first GPU we get, which calibrates the margin.
 """
 
 GIB = 1024**3

@@ -137,7 +137,6 @@ def trace_step(req: dict) -> dict:
             zero3 = Zero3Gather(
                 model,
                 tracker,
-                torch,
                 prefetch=int(z3["prefetch"]),
                 persistence=int(z3["persistence"]),
                 reuse_distance=int(z3["reuse_distance"]),

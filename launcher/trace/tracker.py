@@ -55,7 +55,18 @@ class CategoryTracker(TorchDispatchMode):
         weakref.finalize(st, self._release, key)
         self._update_peak()
 
-    def _release(self, key: int) -> None:
+    def add_bytes(self, key: object, n: int, category: str) -> None:
+        """Count `n` bytes no tensor holds (kept until `release_bytes(key)`): buffers a harness
+        lays out without running an op, which checkpointing would otherwise record and replay."""
+        self._label[("bytes", key)] = (category, n)
+        self.live[category] = self.live.get(category, 0) + n
+        self.total += n
+        self._update_peak()
+
+    def release_bytes(self, key: object) -> None:
+        self._release(("bytes", key))
+
+    def _release(self, key) -> None:
         label = self._label.pop(key, None)
         if label is not None:
             self.live[label[0]] -= label[1]

@@ -21,15 +21,14 @@ from collections import deque
 
 class Zero3Gather:
     def __init__(
-        self, model, tracker, torch, *, prefetch: int, persistence: int, reuse_distance: int, max_live: int
+        self, model, tracker, *, prefetch: int, persistence: int, reuse_distance: int, max_live: int
     ):
         self.tracker = tracker
-        self.torch = torch
         self.prefetch = prefetch
         self.persistence = persistence
         self.reuse_distance = reuse_distance
         self.max_live = max_live
-        self.live: dict[int, object] = {}  # id(param) -> its gathered buffer
+        self.live: dict[int, object] = {}  # id(param) -> the parameter, while gathered
         self.n_live = 0  # elements gathered (persistent ones not counted, as in DeepSpeed)
         self.modules: dict[int, tuple] = {}
         self.order: list[tuple] = []  # params of each fetch, in order (recorded in step 1)
@@ -64,16 +63,18 @@ class Zero3Gather:
         return p.numel() < self.persistence
 
     def _gather(self, p) -> None:
+        # counted as bytes, not allocated as a tensor: an allocation inside a checkpointed
+        # block would be recorded by selective checkpointing and replayed in its recompute
         if id(p) in self.live:
             return
-        buf = self.torch.empty(p.numel() * p.element_size(), dtype=self.torch.uint8)
-        self.tracker.add(buf, "zero_buffers")
-        self.live[id(p)] = buf
+        self.tracker.add_bytes(("zero3", id(p)), p.numel() * p.element_size(), "zero_buffers")
+        self.live[id(p)] = p
         if not self._persistent(p):
             self.n_live += p.numel()
 
     def _free(self, p) -> None:
         if self.live.pop(id(p), None) is not None:
+            self.tracker.release_bytes(("zero3", id(p)))
             self.n_live -= p.numel()
 
     def _on_fetch(self, module, *_) -> None:
