@@ -262,7 +262,7 @@ def unavailable_methods(env: dict, cpu: bool) -> dict[str, str]:
 def gpu_for_estimate(env: dict, cpu: bool, override: str | None) -> tuple[str, float | None]:
     """The estimate's --gpus (and --gpu-memory when the device is not in the GPU catalog)."""
     from launcher.errors import FtlaunchError
-    from launcher.hardware import resolve_gpu
+    from launcher.gpus import resolve_gpu
 
     if override:
         return f"1x{override}", None

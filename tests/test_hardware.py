@@ -10,16 +10,8 @@ import sys
 import pytest
 
 from launcher.errors import FtlaunchError, InvalidSpecError, UnknownGpuError
-from launcher.hardware import (
-    GPUS,
-    ClusterSpec,
-    GpuType,
-    NodeSpec,
-    default_node,
-    list_gpus,
-    parse_gpus,
-    resolve_gpu,
-)
+from launcher.gpus import GPUS, GpuType, list_gpus, resolve_gpu
+from launcher.hardware import ClusterSpec, NodeSpec, default_node, parse_gpus
 
 # --- parse forms ---------------------------------------------------------------------------------------
 

@@ -65,7 +65,8 @@ def run_models(args: argparse.Namespace) -> int:
 def run_gpus(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from launcher.hardware import default_node, list_gpus
+    from launcher.gpus import list_gpus
+    from launcher.hardware import default_node
 
     rows = [
         {**asdict(g), "default_node": asdict(default_node(g, g.default_gpus_per_node))} for g in list_gpus()

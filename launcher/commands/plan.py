@@ -46,7 +46,7 @@ def parse_tokens(text: str) -> float:
 
 def parse_price(text: str) -> tuple[str, float]:
     """'H100=2.5' -> ('H100-80GB', 2.5): GPU names resolve as in --gpus."""
-    from launcher.hardware import resolve_gpu
+    from launcher.gpus import resolve_gpu
 
     name, sep, value = text.partition("=")
     try:

@@ -35,7 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from launcher.hardware import ClusterSpec, GpuType
+from launcher.gpus import GpuType
+from launcher.hardware import ClusterSpec
 from launcher.memory import states as S
 from launcher.memory.activations import attention_impl, selective_matmuls
 from launcher.models.arch import ModelArch

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.errors import FtlaunchError
-from launcher.hardware import GpuType, list_gpus
+from launcher.gpus import GpuType, list_gpus
 from launcher.models.arch import ModelArch
 from launcher.planner import search, shapes
 from launcher.planner.constants import DEFAULT_MARGIN, SELECT_EXTRA_RUNGS, SELECT_MAX_NODES
