@@ -58,6 +58,17 @@ def test_untraceable_configurations_are_refused_in_one_line(capsys):
     assert code == 2 and len(err.splitlines()) == 1 and "cannot trace" in err
 
 
+def test_a_missing_training_stack_is_named(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "peft" else real(name, *a)
+    )
+    with pytest.raises(TraceError, match="needs peft"):
+        trace(resolve_model("tiny-llama"), TrainSpec(), 1, quiet=True)
+
+
 def test_a_failing_step_is_one_clear_error():
     arch = resolve_model("tiny-llama")
     broken = dataclasses.replace(arch, hf_config={**arch.hf_config, "hidden_act": "no-such-activation"})

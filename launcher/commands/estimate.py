@@ -58,11 +58,6 @@ def run(args: argparse.Namespace) -> int:
 
     spec = options.train_spec(args, dp_of)
     est = estimate(arch, spec, cluster)
-    traced = None
-    if args.trace:
-        from launcher.trace import trace
-
-        traced = trace(arch, spec, est.dp, debug=getattr(args, "debug", False))
     if args.json:
         out = est.to_dict(cluster)
         out["model"] = {"name": arch.name, "params": arch.total_params}
@@ -74,17 +69,25 @@ def run(args: argparse.Namespace) -> int:
             "notes": list(cluster.notes),
         }
         out["spec"] = spec.to_dict()
-        if traced is not None:
+        if args.trace:
+            traced = _trace(args, arch, spec, est)
             out["trace"] = traced.to_dict()
             out["trace"]["analytic_error_pct"] = error_pct(est.peak_allocated, traced.peak_allocated)
         print(json.dumps(out, indent=2))
         return 0
     from launcher.render import print_estimate, print_trace
 
-    print_estimate(arch, spec, cluster, est)
-    if traced is not None:
+    print_estimate(arch, spec, cluster, est)  # shown before the trace runs (or fails)
+    if args.trace:
+        traced = _trace(args, arch, spec, est)
         print_trace(est, traced, error_pct(est.peak_allocated, traced.peak_allocated))
     return 0
+
+
+def _trace(args, arch, spec, est):
+    from launcher.trace import trace
+
+    return trace(arch, spec, est.dp, debug=getattr(args, "debug", False))
 
 
 def error_pct(predicted: float, reference: float) -> float:

@@ -7,6 +7,7 @@ What it cannot trace is refused up front with one line that says why (`untraceab
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -64,6 +65,12 @@ def trace(
     why = untraceable(arch, spec)
     if why:
         raise TraceError(f"cannot trace this configuration: {why}")
+    missing = [m for m in ("torch", "transformers", "peft") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise TraceError(
+            f"--trace needs {', '.join(missing)}: pip install torch first, then -e '.[train]' "
+            "(the analytic estimate above needs neither)"
+        )
     request = {
         "hf_config": arch.hf_config,
         "spec": spec.to_dict(),
