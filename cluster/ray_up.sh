@@ -31,7 +31,15 @@ export PATH="$STATE/bin:$PATH"
 # Without this Ray swaps 127.0.0.1 for the machine's address and drivers retry forever.
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 
-answers() { curl -sf --max-time 2 "$ADDRESS/api/version" >/dev/null 2>&1; }
+# The dashboard answers before the head node has registered its resources: ready means an ALIVE
+# node is listed (a job checked against an empty node list is refused).
+answers() {
+  curl -sf --max-time 2 "$ADDRESS/api/v0/nodes?limit=10" 2>/dev/null | "$BIN/python" -c '
+import json, sys
+nodes = json.load(sys.stdin)["data"]["result"]["result"]
+sys.exit(0 if any(n.get("state") == "ALIVE" and n.get("resources_total", {}).get("CPU") for n in nodes) else 1)
+' 2>/dev/null
+}
 
 if answers; then
   echo "$ADDRESS"

@@ -207,14 +207,25 @@ def _get(address: str, path: str) -> dict:
         ) from None
 
 
+def _alive_nodes(address: str, wait_s: float = 20.0) -> list[dict]:
+    """The cluster's ALIVE nodes. A cluster that has just started answers before its nodes have
+    registered: an empty list is asked again for up to `wait_s` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            nodes = _get(address, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
+        except (KeyError, TypeError):
+            raise RayError(f"{address} does not answer like a Ray dashboard (its node list is missing)") from None
+        alive = [n for n in nodes if n.get("state") == "ALIVE"]
+        if alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(1.0)
+
+
 def check_cluster(address: str, train: dict) -> None:
     """A RayError when the cluster's alive nodes do not hold the CPUs / GPUs the workers ask for."""
     _get(address, "/api/version")
-    try:
-        nodes = _get(address, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
-    except (KeyError, TypeError):
-        raise RayError(f"{address} does not answer like a Ray dashboard (its node list is missing)") from None
-    alive = [n for n in nodes if n.get("state") == "ALIVE"]
+    alive = _alive_nodes(address)
     have: dict[str, float] = {}
     for node in alive:
         for key, value in node.get("resources_total", {}).items():
