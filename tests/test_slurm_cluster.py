@@ -256,8 +256,10 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_without_losing_a_ste
     assert events(run_dir, "resumed") == stopped  # from the checkpoint taken on the signal
     got = curve(run_dir)
     assert sorted(got) == list(range(1, 21))
+    # the same curve: a wrong data position or a lost optimizer state moves the loss by far more
+    # than 1e-3; two bf16 ranks across (simulated) nodes once differed by 1.04e-4 at step 8
     for step, loss in reference.items():
-        assert got[step] == pytest.approx(loss, abs=1e-4), step
+        assert got[step] == pytest.approx(loss, rel=1e-4), step
 
 
 def node_state(node: str) -> str:
