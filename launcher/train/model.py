@@ -64,8 +64,8 @@ def selective_checkpoint_context():
         if op in keep:
             return CheckpointPolicy.MUST_SAVE
         if op == torch.ops.aten.mm.default:
-            # counted separately in the forward and in the recompute, so that both passes
-            # decide alike whatever the number of matmuls in a block
+            # counted per pass: torch 2.13 replays the forward's decisions in the recompute,
+            # but a policy consulted in both (older torch) must not see a shifted count
             mode = "recompute" if ctx.is_recompute else "forward"
             counter[mode] += 1
             return CheckpointPolicy.MUST_SAVE if counter[mode] % 2 else CheckpointPolicy.PREFER_RECOMPUTE
