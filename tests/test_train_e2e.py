@@ -41,7 +41,7 @@ def fixed_batch():
 
     tok = byte_tokenizer()
     ex = tokenize(read_records(None), tok, 64, "demo")
-    return Batches(ex, 2, 1, 2, 0, tok.pad_token_id).get(0, 0, 0)
+    return Batches(ex, 2, 1, 2, 0, tok.pad_token_id).get(0, 0, 0)[0]
 
 
 def reload_loss(run_dir, spec: TrainSpec) -> float:

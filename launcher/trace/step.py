@@ -58,11 +58,12 @@ def _no_op_casts(torch, dtype) -> None:
     torch.nn.Module.to = to
 
 
-def _packed_batches() -> None:
-    """Trace a batch with no padding (packed sequences), as the analytic model assumes. With real
-    tensors transformers sees that no token is masked and lets sdpa apply causality itself (no
-    mask, GQA K/V not expanded); fake tensors look like a compiler trace to it, which would
-    materialise a mask and expand K/V in every layer. Give it the answer real tensors give."""
+def _unmasked_batches() -> None:
+    """Trace the worker's batches: right-padded rows with no attention mask (launcher/train/data.py
+    says why). With real tensors transformers sees positions 0..S-1 and no mask and lets sdpa
+    apply causality itself (no mask tensor, GQA K/V not expanded); fake tensors look like a
+    compiler trace to it, which would materialise a mask and expand K/V in every layer. Give it
+    the answer real tensors give."""
     import transformers.masking_utils as masking
 
     original = masking._ignore_causal_mask_sdpa
@@ -111,7 +112,7 @@ def trace_step(req: dict) -> dict:
     uncounted = ("optimizer_temporaries", "partition_view") + (("unsharded_weights",) if stage == 3 else ())
     tracker = CategoryTracker(uncounted=uncounted)
     _no_op_casts(torch, torch_dtype(spec.precision))
-    _packed_batches()
+    _unmasked_batches()
     _attention_without_dropout(torch)
     with FakeTensorMode(allow_non_fake_inputs=False):
         _progress("building the model on fake tensors")

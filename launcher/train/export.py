@@ -12,7 +12,7 @@ def evaluate(engine, batches, device) -> float:
     """Loss on a fixed batch (step 0, micro-batch 0, rank 0's samples) in eval mode; collective."""
     import torch
 
-    batch = {k: v.to(device) for k, v in batches.get(0, 0, 0).items()}
+    batch = {k: v.to(device) for k, v in batches.get(0, 0, 0)[0].items()}
     engine.eval()
     with torch.no_grad():
         loss = float(engine(**batch).loss.float())

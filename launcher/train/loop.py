@@ -187,12 +187,12 @@ def train(run_dir: Path) -> int:
         t0 = time.perf_counter()
         losses, tokens = [], 0
         for micro in range(spec.grad_accum):
-            batch = {k: v.to(device) for k, v in batches.get(step, micro, dp_rank).items()}
-            loss = engine(**batch).loss
+            inputs, real_tokens = batches.get(step, micro, dp_rank)
+            loss = engine(**{k: v.to(device) for k, v in inputs.items()}).loss
             engine.backward(loss)
             engine.step()
             losses.append(loss.detach().float())
-            tokens += int(batch["attention_mask"].sum())
+            tokens += real_tokens
         mean = torch.stack(losses).mean()
         torch.distributed.all_reduce(mean)
         stop = torch.tensor([1.0 if _Stop.requested else 0.0], device=device)
