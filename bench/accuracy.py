@@ -132,6 +132,8 @@ def evaluate(row: dict, run_trace: bool) -> dict:
     out["notes"] = notes
     if row.get("measured", {}).get("oom"):
         out["oom"] = True
+    if row.get("note"):
+        out["note"] = row["note"]
     return out
 
 
@@ -203,7 +205,7 @@ def targets(results: list[dict], summary: dict) -> list[tuple[str, bool, str]]:
         (
             "analytic closer than DeepSpeed, accelerate and llm-analysis in every case",
             not worse,
-            ", ".join(worse) or "all cases",
+            ", ".join(worse) + " (see the notes above)" if worse else "all cases",
         )
     )
     return out
@@ -238,6 +240,9 @@ def markdown(results: list[dict], summary: dict, checks: list, seconds: float) -
             )
             + " |"
         )
+    notes = [f"- {r['id']}: {r['note']}" for r in results if r.get("note")]
+    if notes:
+        lines += ["", "What the measured program does differently (the case files' notes):", "", *notes]
     lines += [
         "",
         "| rows | estimator | cases | median abs error | worst abs error |",

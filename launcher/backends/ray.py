@@ -215,7 +215,9 @@ def _alive_nodes(address: str, wait_s: float = 20.0) -> list[dict]:
         try:
             nodes = _get(address, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
         except (KeyError, TypeError):
-            raise RayError(f"{address} does not answer like a Ray dashboard (its node list is missing)") from None
+            raise RayError(
+                f"{address} does not answer like a Ray dashboard (its node list is missing)"
+            ) from None
         alive = [n for n in nodes if n.get("state") == "ALIVE"]
         if alive or time.monotonic() >= deadline:
             return alive
