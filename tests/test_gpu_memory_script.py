@@ -8,13 +8,14 @@ import json
 import pytest
 
 from bench import gpu_memory as gm
+from bench import gpu_memory_matrix as gmm
 from bench.accuracy import evaluate, measured_gib
 
 MODELS = ["qwen2.5-0.5b", "llama-3.1-8b"]
 
 
 def test_matrix_passes_cover_every_model_before_the_variants():
-    passes = gm.matrix(MODELS, ["full", "lora"], ["none", "full"], [4096, 1024], [1])
+    passes = gmm.matrix(MODELS, ["full", "lora"], ["none", "full"], [4096, 1024], [1])
     assert len(passes) == 2 * 2 * 2 * 2
     by_pass = {}
     for p, c in passes:
@@ -27,22 +28,22 @@ def test_matrix_passes_cover_every_model_before_the_variants():
 
 
 def test_plan_rows_skips_what_cannot_run_and_orders_cheap_first():
-    passes = gm.matrix(MODELS, ["full", "lora", "qlora"], ["none"], [1024], [1])
+    passes = gmm.matrix(MODELS, ["full", "lora", "qlora"], ["none"], [1024], [1])
     estimates = {c: gm.estimate(c.args("1xA100-80GB")) for _, c in passes}
-    estimates[gm.Config("qwen2.5-0.5b", "lora", "none", 1024, 1)] = {"error": "boom"}
-    rows = gm.plan_rows(passes, estimates, {"qlora": "bitsandbytes is not importable"})
+    estimates[gmm.Config("qwen2.5-0.5b", "lora", "none", 1024, 1)] = {"error": "boom"}
+    rows = gmm.plan_rows(passes, estimates, {"qlora": "bitsandbytes is not importable"})
     status = {(r["model"], r["method"]): r["status"] for r in rows}
     assert status[("llama-3.1-8b", "full")].startswith("skipped: estimate says it does not fit (")
     assert status[("qwen2.5-0.5b", "qlora")] == "skipped: bitsandbytes is not importable"
     assert status[("qwen2.5-0.5b", "lora")] == "skipped: estimate failed: boom"
     assert status[("qwen2.5-0.5b", "full")] is None and status[("llama-3.1-8b", "lora")] is None
     assert [r["model"] for r in rows] == ["qwen2.5-0.5b"] * 3 + ["llama-3.1-8b"] * 3  # small model first
-    unfit = gm.plan_rows(passes, estimates, {}, run_unfit=True)
+    unfit = gmm.plan_rows(passes, estimates, {}, run_unfit=True)
     assert next(r for r in unfit if r["name"] == "llama-3.1-8b-full-ckpt-none-s1024-b1")["status"] is None
 
 
 def test_budget_stops_rows_that_would_overrun_and_keeps_cheaper_ones():
-    small, big = round(gm.predicted_s(0, True)), round(gm.predicted_s(10e9, True))
+    small, big = round(gmm.predicted_s(0, True)), round(gmm.predicted_s(10e9, True))
     rows = [
         {"name": "a", "model": "small", "params": 0, "status": None},
         {"name": "b", "model": "big", "params": 10e9, "status": None},
@@ -56,7 +57,7 @@ def test_budget_stops_rows_that_would_overrun_and_keeps_cheaper_ones():
         now[0] += small
         return {"status": "ok"}
 
-    gm.run_rows(rows, run_one, budget_s=2 * small + 1, clock=lambda: now[0])
+    gmm.run_rows(rows, run_one, budget_s=2 * small + 1, clock=lambda: now[0])
     assert [r["status"] for r in rows] == [
         "ok",
         f"not run: budget ({big} s predicted, {small + 1} s left)",
@@ -64,12 +65,12 @@ def test_budget_stops_rows_that_would_overrun_and_keeps_cheaper_ones():
         "ok",  # cheaper, and its model's weights are already written
     ]
     assert ran == [("a", 2 * small + 1), ("d", small + 1)]
-    assert rows[3]["predicted_s"] == round(gm.predicted_s(0, False)) and rows[3]["wall_s"] == small
-    assert gm.predicted_s(10e9, True) > gm.predicted_s(10e9, False) > gm.predicted_s(1e9, False)
+    assert rows[3]["predicted_s"] == round(gmm.predicted_s(0, False)) and rows[3]["wall_s"] == small
+    assert gmm.predicted_s(10e9, True) > gmm.predicted_s(10e9, False) > gmm.predicted_s(1e9, False)
 
 
 def _measured_row():
-    c = gm.Config("llama-3.2-1b", "lora", "full", 4096, 1)
+    c = gmm.Config("llama-3.2-1b", "lora", "full", 4096, 1)
     args = c.args("1xH200")
     est = gm.estimate(args)["per_gpu"]
     row = {
