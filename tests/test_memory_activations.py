@@ -112,3 +112,52 @@ def test_longer_sequence_never_lowers_activations():
                 total = A.stored_per_layer(arch, spec, layer) + A.logits_bytes(arch, spec)
                 assert total >= prev
                 prev = total
+
+
+FALCON_MQA = dict(
+    model_type="falcon",
+    hidden_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=8,
+    multi_query=True,
+    new_decoder_architecture=False,
+    parallel_attn=True,
+    bias=False,
+    vocab_size=1024,
+)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_falcon_multi_query_sdpa_runs_the_math_kernel_and_is_counted_as_such(batch):
+    """falcon-7b's layout hands sdpa one K/V head against every query head: the fused kernels
+    refuse it, the math kernel keeps fp32 scores (s² per layer) and a moment of two more in
+    backward; K/V are copied out to every head once a micro-batch holds more than one sequence."""
+    seq = 512  # the s² terms dominate the weight gradients (not in the prediction) that backward creates
+    cfg = transformers.FalconConfig(**{k: v for k, v in FALCON_MQA.items() if k != "model_type"})
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).train()
+    spec = TrainSpec(precision="bf16", micro_batch=batch, seq_len=seq, attention="sdpa", method="full")
+    arch = arch_from_hf_config(FALCON_MQA, "tiny-falcon-mqa")
+    assert A.attention_impl(arch, spec) == "math"
+    layer = A.layer_activations(arch, spec, set())
+    assert layer.attention_scores == 4 * batch * arch.heads * seq * seq
+    stored = arch.layers * A.stored_per_layer(arch, spec, layer) + A.edge_activations(arch, spec, True, True)
+
+    ids = torch.randint(0, FALCON_MQA["vocab_size"], (batch, seq))
+    with SavedBytes(model) as saved:
+        model(input_ids=ids)
+    assert abs(stored / saved.total - 1) < TOL, (stored, saved.total)
+
+    with LiveBytes() as live:
+        model(input_ids=ids, labels=ids).loss.backward()
+    after_loss = A.recompute_working_set(spec, layer) + A.backward_transient(arch, spec)
+    predicted = stored + max(A.logits_bytes(arch, spec), after_loss)
+    assert after_loss > A.logits_bytes(arch, spec)  # the attention backward sets the peak here
+    assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)
+
+
+def test_falcon_new_layout_keeps_the_fused_kernel():
+    arch = arch_from_hf_config({**FALCON_MQA, "new_decoder_architecture": True, "num_kv_heads": 2}, "t")
+    assert A.attention_impl(arch, TrainSpec(attention="sdpa")) == "sdpa"
+    assert A.backward_transient(arch, TrainSpec(attention="sdpa")) == 0

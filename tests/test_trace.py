@@ -99,6 +99,7 @@ CASES = [
     ("gpt2", "1xA100-80GB", dict(micro_batch=2, seq_len=512, precision="fp32")),
     ("qwen3-0.6b", "1xA100-80GB", dict(micro_batch=2, seq_len=512, method="lora")),
     ("bloom-560m", "1xA100-80GB", dict(micro_batch=2, seq_len=512, optimizer="adafactor")),
+    ("falcon-7b", "1xA100-80GB", dict(micro_batch=2, seq_len=1024, method="lora", grad_ckpt="selective")),
 ]
 
 

@@ -12,7 +12,8 @@ every tensor autograd keeps is counted from the architecture as transformers imp
   attention    sdpa/flash: q, k, v (after RoPE, K/V at the KV width: GQA stays unexpanded),
                the output and the fp32 log-sum-exp; eager: q and K expanded to all heads, fp32
                softmax output + its 16-bit copy (the s² terms), V expanded; then the
-               contiguous output o_proj reads.
+               contiguous output o_proj reads. sdpa's math kernel (falcon-7b's multi-query
+               layout, `sdpa_math_kernel`): fp32 copies of q, K, V and the fp32 softmax.
   MLP          gated SiLU: gate, SiLU(gate), up, product (4 × s·b·ffn); GELU: 2; ReLU: 1;
                GELU written as tanh formula (gpt2/phi "gelu_new"): 5. MoE: per routed token.
   dropout      a 1-byte mask per element where the config's dropout > 0.
@@ -58,8 +59,25 @@ def activation_fn(arch: ModelArch) -> str:
     return act if act in _ACT_SAVED else "gelu"
 
 
+def sdpa_math_kernel(arch: ModelArch) -> bool:
+    """Falcon's multi-query layout (falcon-7b) hands sdpa one K/V head against all query heads,
+    without enable_gqa; the flash and memory-efficient kernels refuse unequal head counts, so
+    sdpa runs its math kernel, on CUDA as on the CPU. (Falcon's newer layout broadcasts K/V to
+    the query shape first and keeps the fused kernels.)"""
+    return (
+        arch.model_type == "falcon"
+        and arch.kv_heads < arch.heads
+        and not arch.hf_config.get("new_decoder_architecture", False)
+    )
+
+
 def attention_impl(arch: ModelArch, spec: TrainSpec) -> str:
-    return "eager" if arch.model_type in _EAGER_ONLY else spec.attention
+    """What actually runs: eager, sdpa (a fused kernel), math (sdpa's unfused fallback) or flash."""
+    if arch.model_type in _EAGER_ONLY:
+        return "eager"
+    if spec.attention == "sdpa" and sdpa_math_kernel(arch):
+        return "math"
+    return spec.attention
 
 
 def _dropout(arch: ModelArch, *keys: str) -> float:
@@ -77,7 +95,7 @@ class LayerActivations:
     norms: float
     linear_inputs: float
     attention: float
-    attention_scores: float  # the s² terms (eager only)
+    attention_scores: float  # the s² terms (eager and sdpa's math kernel)
     mlp: float
     dropout: float
 
@@ -152,8 +170,8 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
     if keeps("qkv"):
         linear_inputs += T * h * e
     impl = attention_impl(arch, spec)
-    if keeps("attn_out") and impl == "eager":
-        # sdpa/flash return (b, s, heads, d) memory: o_proj reads a view of the kept output
+    if keeps("attn_out") and impl in ("eager", "math"):
+        # fused sdpa/flash return (b, s, heads, d) memory: o_proj reads a view of the kept output
         linear_inputs += T * qd / t * e
     shared_norm = n_norms == 1 and arch.model_type != "gpt2"  # parallel block: MLP reads the same tensor
     if (keeps("mlp_in") or keeps("router")) and not (shared_norm and keeps("qkv")):
@@ -167,6 +185,13 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
         p_attn = _dropout(arch, "attention_dropout", "attn_pdrop")
         if p_attn > 0:
             scores += b * heads * s * s * (1 + e)
+    elif impl == "math":
+        # sdpa's math kernel works in fp32 (torch >= 2.5 upcasts 16-bit inputs) and keeps the
+        # scaled q, K and V and the softmax output. K/V keep their own width with one sequence
+        # per micro-batch; with more, matmul's broadcasting copies them out to every head.
+        kv_width = kvd if b == 1 else qd
+        attention = 4 * T * (qd + 2 * kv_width) / t
+        scores = 4 * b * heads * s * s
     else:
         attention = T * (qd + 2 * kvd) / t * e + T * qd / t * e + 4 * b * heads * s
 
@@ -206,11 +231,12 @@ def stored_per_layer(
         e = 4 if spec.precision == "fp32" else 2
         T = spec.micro_batch * spec.seq_len
         heads = arch.heads / spec.tp
-        kept += (
-            T * e * saved_matmul_outputs(arch, spec, targets)
-            + T * arch.heads * arch.head_dim / spec.tp * e
-            + 4 * spec.micro_batch * heads * spec.seq_len
-        )
+        kept += T * e * saved_matmul_outputs(arch, spec, targets)
+        if attention_impl(arch, spec) != "math" and attention_impl(arch, spec) != "eager":
+            # the fused attention op's output and LSE (the policy saves it); eager and the math
+            # kernel are bmm and softmax, which the policy recomputes. (flash-attn's own op is
+            # not in the policy either; counted as kept, the safe side, until measured.)
+            kept += T * arch.heads * arch.head_dim / spec.tp * e + 4 * spec.micro_batch * heads * spec.seq_len
     return kept
 
 
@@ -247,6 +273,15 @@ def selective_matmuls(
                 count += 1
                 out.append((count % 2 == 1, k * w, k * macs))
     return out
+
+
+def backward_transient(arch: ModelArch, spec: TrainSpec) -> float:
+    """Bytes a block's backward adds for a moment beyond what it saved: sdpa's math kernel
+    holds the fp32 gradients of the probabilities and of the scores (measured: 2 score-sized
+    fp32 tensors above the saved ones). The fused kernels work in tiles (nothing s²-sized)."""
+    if attention_impl(arch, spec) != "math":
+        return 0.0
+    return 2 * 4 * spec.micro_batch * (arch.heads / spec.tp) * spec.seq_len**2
 
 
 def recompute_working_set(spec: TrainSpec, layer: LayerActivations) -> float:

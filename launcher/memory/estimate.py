@@ -110,18 +110,19 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     stored = layers * A.stored_per_layer(arch, spec, per_layer, targets) * inflight
     stored += A.edge_activations(arch, spec, first, last) * (inflight if first else 1)
     logits = A.logits_bytes(arch, spec) if last else 0.0
-    # the loss's backward (logits working set) is over before the last block is recomputed
-    recompute = A.recompute_working_set(spec, per_layer)
+    # the loss's backward (logits working set) is over before the last block is recomputed and
+    # runs its own backward
+    after_loss = A.recompute_working_set(spec, per_layer) + A.backward_transient(arch, spec)
 
     persistent_grads = st.grads if st.grads_persistent else 0.0
     persistent_fp32 = st.fp32_grads if st.fp32_grads_persistent else 0.0
     base = st.weights + st.master + st.optimizer + bucket + persistent_grads + persistent_fp32
     # Three moments compete for the peak (bytes on top of `base`, by component):
-    # all saved activations and the loss's working set (or, if larger, the first block
-    # recomputed after it); ZeRO-3's window of gathered parameters
+    # all saved activations and the loss's working set (or, if larger, the last block's
+    # recompute and backward after it); ZeRO-3's window of gathered parameters
     start = {"zero_buffers": window, "activations": stored, "logits_loss": logits}
-    if recompute > logits:
-        start.update(activations=stored + recompute, logits_loss=0.0)
+    if after_loss > logits:
+        start.update(activations=stored + after_loss, logits_loss=0.0)
     moments = {
         "backward start": start,
         # tied embeddings: the LM head's weight gradient waits in autograd's buffer until the
@@ -163,8 +164,14 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
     dp = check_parallelism(arch, spec, cluster.world_size)
     targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
     notes: list[str] = []
-    if A.attention_impl(arch, spec) != spec.attention:
+    impl = A.attention_impl(arch, spec)
+    if impl == "eager" and spec.attention != "eager":
         notes.append(f"{arch.model_type} supports only eager attention in transformers; counted as eager")
+    if impl == "math":
+        notes.append(
+            f"{arch.model_type}'s single K/V head makes sdpa fall back to its math kernel (fp32 scores, "
+            "s² memory per layer); --attention flash avoids it where flash-attn is installed"
+        )
     if S.adafactor_flattened(spec):
         notes.append(
             "Adafactor under DeepSpeed's mixed precision or ZeRO steps on flat 1-D partitions, so its "

@@ -106,7 +106,7 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         mm += active * lin.fan_in * lin.fan_out
         if lin.name in targets:
             lora += active * spec.lora_r * (lin.fan_in + lin.fan_out)
-    causal = 1.0 if attention_impl(arch, spec) == "eager" else C.CAUSAL_FRACTION
+    causal = 1.0 if attention_impl(arch, spec) in ("eager", "math") else C.CAUSAL_FRACTION
     attn = 4 * spec.seq_len * arch.heads * arch.head_dim * causal
     head = 2 * arch.vocab * arch.hidden
     if spec.method == "full":
