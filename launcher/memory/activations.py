@@ -46,6 +46,21 @@ _ACT_ALIASES = {
     "gelu_accurate": "gelu_new",
 }
 _EAGER_ONLY = {"bloom"}  # transformers implements only eager attention for these
+# Eager attention whose softmax runs in the compute dtype; the others upcast it to fp32.
+_EAGER_SOFTMAX_IN_DTYPE = {"gpt2", "falcon"}
+
+
+def _softmax_bytes(arch: ModelArch, e: int) -> int:
+    """Bytes per score of eager attention's softmax output (and of each gradient through it)."""
+    return e if arch.model_type in _EAGER_SOFTMAX_IN_DTYPE else 4
+
+
+def _eager_value_input(arch: ModelArch, e: int) -> int:
+    """Bytes per score of the tensor eager attention's value matmul reads and keeps, when that is
+    not the softmax output itself: the dropout output, or else the 16-bit copy of fp32 probs."""
+    if _dropout(arch, "attention_dropout", "attn_pdrop") > 0:
+        return e
+    return e if _softmax_bytes(arch, e) == 4 and e == 2 else 0
 
 
 def activation_fn(arch: ModelArch) -> str:
@@ -179,12 +194,11 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
 
     scores = 0.0
     if impl == "eager":
-        # q, K and V expanded to every query head; softmax in fp32 (kept) and its 16-bit copy
+        # q, K and V expanded to every query head; the softmax output (fp32 in most families),
+        # the dropout mask (1 byte, CUDA's fused kernel) and the tensor the value matmul reads
         attention = 3 * T * qd / t * e
-        scores = b * heads * s * s * (4 + (e if e == 2 else 0))
-        p_attn = _dropout(arch, "attention_dropout", "attn_pdrop")
-        if p_attn > 0:
-            scores += b * heads * s * s * (1 + e)
+        mask = 1 if _dropout(arch, "attention_dropout", "attn_pdrop") > 0 else 0
+        scores = b * heads * s * s * (_softmax_bytes(arch, e) + mask + _eager_value_input(arch, e))
     elif impl == "math":
         # sdpa's math kernel works in fp32 (torch >= 2.5 upcasts 16-bit inputs) and keeps the
         # scaled q, K and V and the softmax output. K/V keep their own width with one sequence
@@ -275,13 +289,42 @@ def selective_matmuls(
     return out
 
 
-def backward_transient(arch: ModelArch, spec: TrainSpec) -> float:
-    """Bytes a block's backward adds for a moment beyond what it saved: sdpa's math kernel
-    holds the fp32 gradients of the probabilities and of the scores (measured: 2 score-sized
-    fp32 tensors above the saved ones). The fused kernels work in tiles (nothing s²-sized)."""
-    if attention_impl(arch, spec) != "math":
-        return 0.0
-    return 2 * 4 * spec.micro_batch * (arch.heads / spec.tp) * spec.seq_len**2
+def parallel_block(arch: ModelArch) -> bool:
+    """Attention and MLP read the same input and add into one residual (GPT-J style): their
+    backwards are not ordered, so neither branch's saved tensors are known to be freed first."""
+    cfg = arch.hf_config
+    return {
+        "falcon": cfg.get("parallel_attn", True),
+        "phi": True,
+        "gpt_neox": cfg.get("use_parallel_residual", True),
+        "stablelm": cfg.get("use_parallel_residual", False),
+    }.get(arch.model_type, False)
+
+
+def backward_transient(arch: ModelArch, spec: TrainSpec, layer: LayerActivations) -> float:
+    """Bytes a block's backward adds for a moment beyond what it saved. Unfused attention holds
+    the gradients of the probabilities and of the scores together, in the softmax's dtype
+    (fp32 for sdpa's math kernel; measured: two score-sized tensors). By then a sequential
+    block's MLP backward has freed what the MLP saved, and the value matmul's backward what it
+    read (eager's dropout output or 16-bit copy of the probabilities). The fused kernels work in tiles
+    (nothing s²-sized)."""
+    impl = attention_impl(arch, spec)
+    e = 4 if spec.precision == "fp32" else 2
+    scores = spec.micro_batch * (arch.heads / spec.tp) * spec.seq_len**2
+    freed = 0.0 if parallel_block(arch) else layer.mlp
+    if impl == "eager":
+        freed += scores * _eager_value_input(arch, e)
+        return max(0.0, 2 * _softmax_bytes(arch, e) * scores - freed)
+    if impl == "math":
+        return max(0.0, 2 * 4 * scores - freed)
+    return 0.0
+
+
+def first_block_backward(arch: ModelArch, spec: TrainSpec, layer: LayerActivations, targets) -> float:
+    """Activation bytes while the first block runs its backward: what it saved (or kept and then
+    recomputed) and its backward's transient."""
+    kept = 0.0 if spec.grad_ckpt == "none" else stored_per_layer(arch, spec, layer, targets)
+    return kept + layer.total + backward_transient(arch, spec, layer)
 
 
 def recompute_working_set(spec: TrainSpec, layer: LayerActivations) -> float:

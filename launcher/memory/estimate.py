@@ -1,8 +1,11 @@
 """One configuration in, a per-GPU memory breakdown out: the analytic model the planner searches.
 
-Peak per GPU is taken over the two moments of a training step that compete for it:
+Peak per GPU is taken over the moments of a training step that compete for it:
   backward start: every saved activation and the logits/loss working set are alive, and only
                   the gradient buffers that persist (ZeRO-2/3 partitions, accumulation) exist;
+  first block backward: one block's activations and its backward's working set, with every
+                  other gradient not yet reduced away;
+  backward end:   tied embeddings: the LM head's and the embedding's gradients being summed;
   optimizer step: activations are gone, every gradient and the fp32 gradient copy exist.
 persistent states (weights, master weights, optimizer states, ZeRO buffers) are there at both.
 Under pipeline parallelism the first stage (most micro-batches in flight) and the last stage
@@ -112,7 +115,7 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     logits = A.logits_bytes(arch, spec) if last else 0.0
     # the loss's backward (logits working set) is over before the last block is recomputed and
     # runs its own backward
-    after_loss = A.recompute_working_set(spec, per_layer) + A.backward_transient(arch, spec)
+    after_loss = A.recompute_working_set(spec, per_layer) + A.backward_transient(arch, spec, per_layer)
 
     persistent_grads = st.grads if st.grads_persistent else 0.0
     persistent_fp32 = st.fp32_grads if st.fp32_grads_persistent else 0.0
@@ -125,6 +128,13 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
         start.update(activations=stored + after_loss, logits_loss=0.0)
     moments = {
         "backward start": start,
+        # the first block's backward (recomputed if checkpointed): every later block's gradient
+        # already exists unless ZeRO-2/3 reduced it away; matters when attention is unfused
+        "first block backward": {
+            "zero_buffers": window,
+            "activations": A.first_block_backward(arch, spec, per_layer, targets) if first else 0.0,
+            "gradients": st.grads - persistent_grads,
+        },
         # tied embeddings: the LM head's weight gradient waits in autograd's buffer until the
         # embedding's arrives, then both are summed (3 gradient-sized tensors for a moment)
         "backward end": {

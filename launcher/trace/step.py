@@ -92,6 +92,21 @@ def _attention_without_dropout(torch) -> None:
     torch.nn.functional.scaled_dot_product_attention = without_dropout
 
 
+def _dropout_as_on_cuda(torch) -> None:
+    """CUDA's dropout is one fused kernel that keeps a 1-byte mask for backward; the CPU's
+    multiplies by a noise tensor of the input's dtype and keeps that (2 or 4 bytes). Trace the
+    GPU's: the same op CUDA runs (native_dropout), whose mask is boolean on every device."""
+    F = torch.nn.functional
+    original = F.dropout
+
+    def dropout(input, p=0.5, training=True, inplace=False):
+        if not training or p == 0.0:
+            return original(input, p, training, inplace)
+        return torch.ops.aten.native_dropout(input, p, True)[0]
+
+    F.dropout = dropout
+
+
 def trace_step(req: dict) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -114,6 +129,7 @@ def trace_step(req: dict) -> dict:
     _no_op_casts(torch, torch_dtype(spec.precision))
     _unmasked_batches()
     _attention_without_dropout(torch)
+    _dropout_as_on_cuda(torch)
     with FakeTensorMode(allow_non_fake_inputs=False):
         _progress("building the model on fake tensors")
         model = build_model(hf, "", spec, init="random", seed=0, lora_dropout=0.0)
