@@ -100,6 +100,8 @@ CASES = [
     ("qwen3-0.6b", "1xA100-80GB", dict(micro_batch=2, seq_len=512, method="lora")),
     ("bloom-560m", "1xA100-80GB", dict(micro_batch=2, seq_len=512, optimizer="adafactor")),
     ("falcon-7b", "1xA100-80GB", dict(micro_batch=2, seq_len=1024, method="lora", grad_ckpt="selective")),
+    ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=1, seq_len=4096, attention="eager", grad_ckpt="full")),
+    ("gpt2", "1xA100-80GB", dict(micro_batch=8, seq_len=1024, attention="eager")),
 ]
 
 
