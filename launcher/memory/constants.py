@@ -7,9 +7,11 @@ Where each comes from:
   * CALIBRATED AGAINST TRACES (`ftlaunch estimate --trace`, bench/accuracy.py): the terms a
     training step's tensors decide - 12 bytes per logit for the loss (activations.py), the
     ZeRO-3 window of STAGE3_MAX_LIVE_PARAMETERS gathered parameters, the tied-embedding
-    gradient moment (estimate.py), the selective-checkpointing matmul set and qk-norms
-    (activations.py), Adafactor on flat partitions (states.py). The traces agree with the
-    analytic model within 0.5 % on the configurations of tests/test_trace.py and bench/;
+    gradient moment and the first block's backward moment (estimate.py), the
+    selective-checkpointing matmul set, qk-norms, sdpa's math kernel (falcon-7b), eager's
+    softmax dtype per family and unfused attention's backward working set (activations.py),
+    Adafactor on flat partitions (states.py). The traces agree with the analytic model within
+    0.5 % on the configurations of tests/test_trace.py and bench/;
   * EMPIRICAL: what no trace can see (the caching allocator's rounding, the CUDA context,
     NCCL's buffers, host RAM per process). Still literature values: bench/gpu_memory.py
     measures allocated vs reserved on the first GPU we get, which calibrates the margin.
