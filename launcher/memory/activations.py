@@ -247,9 +247,8 @@ def stored_per_layer(
         heads = arch.heads / spec.tp
         kept += T * e * saved_matmul_outputs(arch, spec, targets)
         if attention_impl(arch, spec) != "math" and attention_impl(arch, spec) != "eager":
-            # the fused attention op's output and LSE (the policy saves it); eager and the math
-            # kernel are bmm and softmax, which the policy recomputes. (flash-attn's own op is
-            # not in the policy either; counted as kept, the safe side, until measured.)
+            # the fused attention op's output and LSE (the policy saves it: sdpa's kernels and
+            # flash-attn's op); eager and the math kernel are bmm and softmax, recomputed
             kept += T * arch.heads * arch.head_dim / spec.tp * e + 4 * spec.micro_batch * heads * spec.seq_len
     return kept
 

@@ -49,15 +49,20 @@ def check_loadable(spec: TrainSpec, source: str, init: str, has_gpu: bool) -> No
 
 def selective_checkpoint_context():
     """Per-op selective checkpointing (torchtitan's policy): keep every other matmul output and
-    the attention outputs, recompute the element-wise ops."""
+    the outputs of whichever fused attention kernel runs, recompute the element-wise ops."""
     import torch
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     keep = {
         torch.ops.aten._scaled_dot_product_flash_attention.default,
         torch.ops.aten._scaled_dot_product_efficient_attention.default,
+        torch.ops.aten._scaled_dot_product_cudnn_attention.default,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     }
+    try:  # flash-attn >= 2.7 registers its kernel as a torch op (--attention flash)
+        keep.add(torch.ops.flash_attn._flash_attn_forward.default)
+    except (AttributeError, RuntimeError):
+        pass
     counter = {"forward": 0, "recompute": 0}
 
     def policy(ctx, op, *args, **kwargs):
