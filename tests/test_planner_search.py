@@ -194,3 +194,19 @@ def test_no_gpu_with_bf16_plans_fp16():
     result = plan(Request(resolve_model("llama-3.2-1b"), parse_gpus("4xV100")))
     assert result.ranked and all(p.spec.precision == "fp16" for p in result.ranked)
     assert any("fp16" in n for n in result.notes)
+
+
+def test_selective_recompute_is_not_offered_where_it_is_full_recompute_under_another_name():
+    """BLOOM's linears all carry a bias (addmm, which the policy never keeps) and its attention is
+    eager: selective would keep exactly what full keeps, so only full is searched, unless pinned."""
+    bloom, llama = resolve_model("bloom-560m"), resolve_model("llama-3.2-1b")
+    cluster = parse_gpus("1xA100")
+    ckpts = {g.spec.grad_ckpt for g in space.groups(Request(bloom, cluster, TrainSpec()), TrainSpec())}
+    assert ckpts == {"none", "full"}
+    lora = TrainSpec(method="lora")  # LoRA's own matmuls give selective something to keep
+    assert "selective" in {g.spec.grad_ckpt for g in space.groups(Request(bloom, cluster, lora), lora)}
+    assert "selective" in {
+        g.spec.grad_ckpt for g in space.groups(Request(llama, cluster, TrainSpec()), TrainSpec())
+    }
+    pinned = Request(bloom, cluster, TrainSpec(grad_ckpt="selective"), pins=(("grad_ckpt", "selective"),))
+    assert {g.spec.grad_ckpt for g in space.groups(pinned, TrainSpec(grad_ckpt="selective"))} == {"selective"}

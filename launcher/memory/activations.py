@@ -253,6 +253,12 @@ def stored_per_layer(
     return kept
 
 
+def selective_is_full(arch: ModelArch, spec: TrainSpec, targets: frozenset | set) -> bool:
+    """Selective checkpointing would keep nothing full recompute does not (every matmul biased,
+    as in BLOOM, and unfused attention): the same memory and the same recompute."""
+    return saved_matmul_outputs(arch, spec, targets) == 0 and attention_impl(arch, spec) in ("eager", "math")
+
+
 def saved_matmul_outputs(arch: ModelArch, spec: TrainSpec, targets: frozenset | set) -> float:
     """Elements per token of the matmul outputs selective checkpointing keeps in one block."""
     return sum(out for kept, out, _ in selective_matmuls(arch, spec, targets) if kept)

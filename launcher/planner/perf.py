@@ -10,7 +10,8 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              weights' gradients (4·N) and adds 6·n per adapter parameter. The LM head (2·V·h) is
              not split by tensor parallelism (AutoTP), the blocks are.
   recompute  full: one more forward of every block; selective: the matmuls the per-op policy
-             does not keep (activations.selective_matmuls: every other bias-free linear).
+             does not keep (activations.selective_matmuls: every other bias-free linear), and
+             eager / math attention (only fused attention kernels' outputs are kept).
   dequant    QLoRA: every 4-bit weight dequantised per use (forward, backward, recompute) at HBM
              bandwidth.
   tp_comm    per layer and micro-batch, 2 all-reduces forward + 2 backward (+2 in a full
@@ -106,7 +107,8 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         mm += active * lin.fan_in * lin.fan_out
         if lin.name in targets:
             lora += active * spec.lora_r * (lin.fan_in + lin.fan_out)
-    causal = 1.0 if attention_impl(arch, spec) in ("eager", "math") else C.CAUSAL_FRACTION
+    unfused = attention_impl(arch, spec) in ("eager", "math")
+    causal = 1.0 if unfused else C.CAUSAL_FRACTION
     attn = 4 * spec.seq_len * arch.heads * arch.head_dim * causal
     head = 2 * arch.vocab * arch.hidden
     if spec.method == "full":
@@ -117,6 +119,8 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         recompute = 2 * mm + attn + 2 * lora
     elif spec.grad_ckpt == "selective":  # the matmuls the policy does not keep, and the rest
         recompute = 2 * sum(macs for kept, _, macs in selective_matmuls(arch, spec, targets) if not kept)
+        if unfused:  # the policy keeps only fused attention kernels' outputs
+            recompute += attn
     else:
         recompute = 0.0
     return TokenFlops(layer_train, recompute, head_train)

@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from launcher.errors import InvalidSpecError
+from launcher.memory import states as S
+from launcher.memory.activations import selective_is_full
 from launcher.memory.estimate import check_parallelism
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
@@ -181,6 +183,10 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
         and pins.get("offload_params", s[2]) == s[2]
     ]
     ckpts = (pins["grad_ckpt"],) if "grad_ckpt" in pins else GRAD_CKPT
+    if "grad_ckpt" not in pins:
+        targets = S.lora_targets(request.arch, base) if base.trains_adapters else set()
+        if selective_is_full(request.arch, base, targets):
+            ckpts = tuple(c for c in ckpts if c != "selective")  # a duplicate of full: not offered
     world = request.cluster.world_size
     layouts = [(tp, pp) for tp in tp_degrees(request) for pp in pp_degrees(request, tp)]
     if not layouts:
