@@ -148,3 +148,42 @@ def test_cluster_sizes_scale_states():
     big = S.model_states(spec, S.stage_params(arch, spec, arch.layers, True, True), 64)
     assert big.optimizer == pytest.approx(small.optimizer / 8)
     assert parse_gpus("8x8xH100").world_size == 64
+
+
+@pytest.mark.parametrize(
+    "hf",
+    [
+        dict(
+            model_type="llama",
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=300,
+        ),
+        dict(
+            model_type="mixtral",
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=300,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+    ],
+    ids=["llama", "mixtral-fused-experts"],
+)
+def test_lora_trainable_count_is_what_peft_builds(hf):
+    """all-linear on transformers >= 5: PEFT wraps fused expert weights and the router by their
+    parameter (ParamWrapper, rank 2r for the fused gate+up); the count must be PEFT's own."""
+    pytest.importorskip("peft")
+    from launcher.models.hf_config import arch_from_hf_config
+    from launcher.train.model import build_model
+
+    spec = TrainSpec(method="lora", precision="fp32", lora_r=8)
+    model = build_model(hf, "", spec, init="random", seed=0, lora_dropout=0.0)
+    built = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert S.trainable_params(arch_from_hf_config(hf, "tiny"), spec) == built

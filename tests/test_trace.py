@@ -102,6 +102,8 @@ CASES = [
     ("falcon-7b", "1xA100-80GB", dict(micro_batch=2, seq_len=1024, method="lora", grad_ckpt="selective")),
     ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=1, seq_len=4096, attention="eager", grad_ckpt="full")),
     ("gpt2", "1xA100-80GB", dict(micro_batch=8, seq_len=1024, attention="eager")),
+    ("mixtral-8x7b", "8xH100-80GB", dict(micro_batch=1, seq_len=2048, zero_stage=3, method="lora")),
+    ("mixtral-8x7b", "8xH100-80GB", dict(micro_batch=1, seq_len=2048, zero_stage=3, grad_ckpt="selective")),
 ]
 
 

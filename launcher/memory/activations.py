@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.memory.memo import ArchMemo
+from launcher.memory.states import lora_targets, weight_wrapped
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
 
@@ -218,9 +219,15 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
         # gathered expert inputs, expert outputs before weighting, router logits (fp32)
         mlp += 2 * T * k * h * e + T * arch.experts * 4 * 2
 
-    if spec.trains_adapters:
-        # each adapted linear keeps lora_A's output (r values per token) for lora_B's gradient
-        linear_inputs += sum(lin.count for lin in arch.linears if lin.name in targets) * T * spec.lora_r * e
+    for lin in arch.linears if spec.trains_adapters else ():
+        if lin.name not in targets:
+            continue
+        if weight_wrapped(arch, lin):
+            # the merged weight W + B @ A of every expert (or the router), kept by the matmuls
+            linear_inputs += lin.count * lin.fan_in * lin.fan_out / t * e
+        else:
+            # lora_A's output (r values per token) for lora_B's gradient
+            linear_inputs += lin.count * T * spec.lora_r * e
 
     p_resid = _dropout(arch, "resid_pdrop", "hidden_dropout", "dropout")
     dropout = 2 * T * h * 1 if p_resid > 0 else 0.0
@@ -272,22 +279,22 @@ def selective_matmuls(
     The policy (launcher/train/model.py) keeps every other aten.mm of a block, counting from
     the first, afresh for each block. A linear without bias is one mm; with a bias it is an
     addmm, which the policy does not count (always recomputed). A LoRA-adapted linear adds two
-    mms after its base one: lora_A (r outputs) and lora_B (the linear's outputs). Mixture-of-
-    experts blocks route tokens variably: taken as every other linear.
+    mms after its base one: lora_A (r outputs) and lora_B (the linear's outputs). Fused expert
+    weights (transformers >= 5) run grouped matmuls, which the policy does not keep, and PEFT
+    adapts them (and the router) through the weight, with no per-token matmul of its own.
     """
     out: list[tuple[bool, float, float]] = []
     count = 0
     for lin in arch.linears:
         width = lin.fan_out / spec.tp if lin.parallel == "column" else lin.fan_out
         fan_in = lin.fan_in / spec.tp if lin.parallel == "row" else lin.fan_in
-        k = arch.experts_per_token if arch.experts > 1 and lin.count > 1 else 1
-        is_mm = arch.experts > 1 or (not lin.bias and arch.model_type != "gpt2")  # GPT-2: Conv1D, addmm
-        if lin.role == "router" and arch.experts > 1:
-            is_mm = False
+        fused = arch.experts > 1 and lin.count == arch.experts
+        k = arch.experts_per_token if fused else 1
+        is_mm = not fused and not lin.bias and arch.model_type != "gpt2"  # GPT-2: Conv1D, addmm
         if is_mm:
             count += 1
         out.append((is_mm and count % 2 == 1, k * width, k * fan_in * width))
-        if lin.name in targets:
+        if lin.name in targets and not weight_wrapped(arch, lin):
             for w, macs in ((spec.lora_r, fan_in * spec.lora_r), (width, spec.lora_r * width)):
                 count += 1
                 out.append((count % 2 == 1, k * w, k * macs))
@@ -311,18 +318,37 @@ def backward_transient(arch: ModelArch, spec: TrainSpec, layer: LayerActivations
     the gradients of the probabilities and of the scores together, in the softmax's dtype
     (fp32 for sdpa's math kernel; measured: two score-sized tensors). By then a sequential
     block's MLP backward has freed what the MLP saved, and the value matmul's backward what it
-    read (eager's dropout output or 16-bit copy of the probabilities). The fused kernels work in tiles
-    (nothing s²-sized)."""
+    read (eager's dropout output or 16-bit copy of the probabilities). The fused kernels work in
+    tiles (nothing s²-sized). Mixture-of-experts blocks add the full gradient of a fused expert
+    weight (_expert_weight_gradient); the larger of the two counts."""
     impl = attention_impl(arch, spec)
     e = 4 if spec.precision == "fp32" else 2
     scores = spec.micro_batch * (arch.heads / spec.tp) * spec.seq_len**2
     freed = 0.0 if parallel_block(arch) else layer.mlp
+    attention = 0.0
     if impl == "eager":
         freed += scores * _eager_value_input(arch, e)
-        return max(0.0, 2 * _softmax_bytes(arch, e) * scores - freed)
-    if impl == "math":
-        return max(0.0, 2 * 4 * scores - freed)
-    return 0.0
+        attention = max(0.0, 2 * _softmax_bytes(arch, e) * scores - freed)
+    elif impl == "math":
+        attention = max(0.0, 2 * 4 * scores - freed)
+    return max(attention, _expert_weight_gradient(arch, spec) * e / spec.tp)
+
+
+def _expert_weight_gradient(arch: ModelArch, spec: TrainSpec) -> float:
+    """Elements of the largest fused expert weight's full gradient, alive for a moment in the
+    experts' backward: under ZeRO-2/3 before it is reduced into the partition (ZeRO-0/1 count
+    every gradient anyway); under LoRA the gradient of the merged weight W + B @ A."""
+    if arch.experts <= 1 or (spec.method == "full" and spec.zero_stage < 2):
+        return 0.0
+    targets = lora_targets(arch, spec) if spec.trains_adapters else set()
+    return max(
+        (
+            lin.count * lin.fan_in * lin.fan_out
+            for lin in arch.linears
+            if lin.count == arch.experts and (spec.method == "full" or lin.name in targets)
+        ),
+        default=0.0,
+    )
 
 
 def first_block_backward(arch: ModelArch, spec: TrainSpec, layer: LayerActivations, targets) -> float:

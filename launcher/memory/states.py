@@ -54,6 +54,19 @@ def _shard(lin: Linear, tp: int) -> tuple[float, float, float]:
     return lin.fan_in, lin.fan_out, (lin.fan_out if lin.bias else 0)
 
 
+def weight_wrapped(arch: ModelArch, lin: Linear) -> bool:
+    """PEFT adapts this linear through its parameter (ParamWrapper), not its input: the fused
+    3-D expert weights and the router of transformers >= 5 mixture-of-experts blocks. Every
+    forward then materialises W + scale * B @ A, which the expert matmuls keep for backward."""
+    return arch.experts > 1 and (lin.count == arch.experts or lin.role == "router")
+
+
+def lora_rank(arch: ModelArch, lin: Linear, r: int) -> int:
+    """Rank of one adapter: PEFT's all-linear gives the fused gate+up expert weight 2r (its
+    rank_pattern), so that gate and up each keep r."""
+    return 2 * r if weight_wrapped(arch, lin) and lin.name == "gate_up_proj" else r
+
+
 def lora_targets(arch: ModelArch, spec: TrainSpec) -> set[str]:
     """Leaf names of the block linears LoRA adapts; `all-linear` is every block linear (PEFT)."""
     names = set(arch.linear_names())
@@ -103,9 +116,16 @@ def _count_stage_params(
             trainable += layers * lin.count * (fin * fout + bias)
             ada += layers * lin.count * (fin + fout + bias)
         elif lin.name in targets:
-            r = spec.lora_r
+            r = lora_rank(arch, lin, spec.lora_r)
             trainable += layers * lin.count * r * (fin + fout)
             ada += layers * lin.count * 2 * (r + (fin + fout) / 2)
+    # transformers >= 5 keeps a block's experts in one module (both fused weights): gathered together
+    experts_module = 0.0
+    for lin in arch.linears:
+        if arch.experts > 1 and lin.count == arch.experts:
+            fin, fout, _ = _shard(lin, tp)
+            experts_module += lin.count * fin * fout
+    largest = max(largest, experts_module)
     norms = layers * arch.layer_norm_params
     edge = 0.0
     if first:
