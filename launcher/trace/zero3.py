@@ -43,8 +43,11 @@ class Zero3Gather:
             self.modules[id(m)] = params
             m.register_forward_pre_hook(self._on_fetch)
             m.register_forward_hook(self._on_release)
-            m.register_full_backward_pre_hook(self._on_fetch)
-            m.register_full_backward_hook(self._on_release)
+            # backward: as DeepSpeed hooks it, with identity autograd functions on the module's
+            # inputs and outputs (module full-backward hooks hand out views, which models that
+            # modify a module's output in place, falcon's, cannot take)
+            m.register_forward_pre_hook(self._watch_inputs)
+            m.register_forward_hook(self._watch_outputs)
             for p in params:
                 if self._persistent(p):
                     self._gather(p)
@@ -109,6 +112,43 @@ class Zero3Gather:
         for p in chosen:
             self._gather(p)
 
+    # -- backward triggers ---------------------------------------------------------------------
+    def _watch_inputs(self, module, inputs):
+        """Release the module's parameters once the gradients of all its inputs are computed."""
+        import torch
+
+        watched = [t for t in _tensors(inputs) if t.requires_grad]
+        if not watched or not torch.is_grad_enabled():
+            module._ftl_z3_pending = None  # nothing to wait for: released with the output's gradient
+            return None
+        module._ftl_z3_pending = [len(watched)]
+        counter = module._ftl_z3_pending
+
+        def done():
+            counter[0] -= 1
+            if counter[0] == 0:
+                self._on_release(module)
+
+        return _map_tensors(inputs, lambda t: _Identity.apply(t, done) if t.requires_grad else t)
+
+    def _watch_outputs(self, module, inputs, outputs):
+        """Fetch the module's parameters when the first gradient reaches one of its outputs."""
+        import torch
+
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in _tensors(outputs)):
+            return None
+        fired = [False]
+        release_too = getattr(module, "_ftl_z3_pending", None) is None
+
+        def fetch():
+            if not fired[0]:
+                fired[0] = True
+                self._on_fetch(module)
+                if release_too:
+                    self._on_release(module)
+
+        return _map_tensors(outputs, lambda t: _Identity.apply(t, fetch) if t.requires_grad else t)
+
     # -- releasing ---------------------------------------------------------------------------
     def _on_release(self, module, *_) -> None:
         params = [p for p in self.modules[id(module)] if not self._persistent(p)]
@@ -130,3 +170,60 @@ class Zero3Gather:
                 soon.add(id(p))
                 traversed += p.numel()
         return soon
+
+
+def _tensors(value) -> list:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _map_tensors(value, fn):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_map_tensors(v, fn) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value  # dicts and model-output objects pass through (DeepSpeed warns, we skip)
+
+
+def _identity_function():
+    import torch
+
+    class Identity(torch.autograd.Function):
+        """Passes a tensor through (detached, so in-place edits of it are fine) and runs a
+        callback when its gradient comes back, as DeepSpeed's Pre/PostBackwardFunction do."""
+
+        @staticmethod
+        def forward(ctx, t, callback):
+            ctx.callback = callback
+            return t.detach()
+
+        @staticmethod
+        def backward(ctx, grad):
+            ctx.callback()
+            return grad, None
+
+    return Identity
+
+
+class _LazyIdentity:
+    def __init__(self) -> None:
+        self._fn = None
+
+    def apply(self, t, callback):
+        if self._fn is None:
+            self._fn = _identity_function()
+        return self._fn.apply(t, callback)
+
+
+_Identity = _LazyIdentity()
