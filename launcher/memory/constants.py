@@ -9,8 +9,10 @@ Where each comes from:
     ZeRO-3 window of STAGE3_MAX_LIVE_PARAMETERS gathered parameters, the tied-embedding
     gradient moment and the first block's backward moment (estimate.py), the
     selective-checkpointing matmul set, qk-norms, sdpa's math kernel (falcon-7b), eager's
-    softmax dtype per family and unfused attention's backward working set (activations.py),
-    Adafactor on flat partitions (states.py). The traces agree with the analytic model within
+    softmax dtype per family and unfused attention's backward working set, PEFT's merged
+    expert weights and the expert-weight gradient moment (activations.py), Adafactor on flat
+    partitions, PEFT's 2r rank for fused gate+up experts and ZeRO-3 gathering a block's experts
+    as one module (states.py). The traces agree with the analytic model within
     0.5 % on the configurations of tests/test_trace.py and bench/;
   * EMPIRICAL: what no trace can see (the caching allocator's rounding, the CUDA context,
     NCCL's buffers, host RAM per process). Still literature values: bench/gpu_memory.py
