@@ -187,3 +187,17 @@ def test_lora_trainable_count_is_what_peft_builds(hf):
     model = build_model(hf, "", spec, init="random", seed=0, lora_dropout=0.0)
     built = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert S.trainable_params(arch_from_hf_config(hf, "tiny"), spec) == built
+
+
+def test_qlora_leaves_fused_experts_in_the_compute_dtype():
+    """bitsandbytes replaces nn.Linear only; transformers >= 5 keeps MoE experts as bare 3-D
+    parameters, so under QLoRA they stay bf16 (most of Mixtral's weight)."""
+    arch = resolve_model("mixtral-8x7b")
+    q = S.stage_params(arch, TrainSpec(method="qlora"), arch.layers, True, True)
+    experts = sum(lin.count * lin.fan_in * lin.fan_out for lin in arch.linears if lin.count == arch.experts)
+    assert q.other >= arch.layers * experts
+    dense = resolve_model("llama-3.1-8b")
+    assert (
+        S.stage_params(dense, TrainSpec(method="qlora"), dense.layers, True, True).other
+        < 0.2 * dense.total_params
+    )

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.memory.memo import ArchMemo
-from launcher.memory.states import lora_targets, weight_wrapped
+from launcher.memory.states import bare_parameter, lora_targets
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
 
@@ -222,7 +222,7 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
     for lin in arch.linears if spec.trains_adapters else ():
         if lin.name not in targets:
             continue
-        if weight_wrapped(arch, lin):
+        if bare_parameter(arch, lin):
             # the merged weight W + B @ A of every expert (or the router), kept by the matmuls
             linear_inputs += lin.count * lin.fan_in * lin.fan_out / t * e
         else:
@@ -294,7 +294,7 @@ def selective_matmuls(
         if is_mm:
             count += 1
         out.append((is_mm and count % 2 == 1, k * width, k * fan_in * width))
-        if lin.name in targets and not weight_wrapped(arch, lin):
+        if lin.name in targets and not bare_parameter(arch, lin):
             for w, macs in ((spec.lora_r, fan_in * spec.lora_r), (width, spec.lora_r * width)):
                 count += 1
                 out.append((count % 2 == 1, k * w, k * macs))

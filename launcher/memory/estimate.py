@@ -182,6 +182,11 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
             f"{arch.model_type}'s single K/V head makes sdpa fall back to its math kernel (fp32 scores, "
             "s² memory per layer); --attention flash avoids it where flash-attn is installed"
         )
+    if spec.method == "qlora" and arch.experts > 1:
+        notes.append(
+            f"{arch.model_type}'s experts are fused parameters, not nn.Linear: bitsandbytes quantises "
+            "only the attention linears, the experts stay in the compute dtype"
+        )
     if S.adafactor_flattened(spec):
         notes.append(
             "Adafactor under DeepSpeed's mixed precision or ZeRO steps on flat 1-D partitions, so its "

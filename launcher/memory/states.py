@@ -34,7 +34,7 @@ from launcher.spec import TrainSpec
 class StageParams:
     """Parameters one GPU holds for its pipeline stage, after tensor parallelism (before ZeRO)."""
 
-    quantizable: float  # weights of the block linears (what QLoRA quantises)
+    quantizable: float  # weights of the block nn.Linear layers (what QLoRA quantises)
     other: float  # biases, norms, embeddings, LM head
     trainable: float  # parameters that get gradients and optimizer states
     adafactor_elems: float  # Adafactor's factored second-moment elements for the trainable ones
@@ -54,17 +54,18 @@ def _shard(lin: Linear, tp: int) -> tuple[float, float, float]:
     return lin.fan_in, lin.fan_out, (lin.fan_out if lin.bias else 0)
 
 
-def weight_wrapped(arch: ModelArch, lin: Linear) -> bool:
-    """PEFT adapts this linear through its parameter (ParamWrapper), not its input: the fused
-    3-D expert weights and the router of transformers >= 5 mixture-of-experts blocks. Every
-    forward then materialises W + scale * B @ A, which the expert matmuls keep for backward."""
+def bare_parameter(arch: ModelArch, lin: Linear) -> bool:
+    """This "linear" is a bare nn.Parameter, not an nn.Linear: the fused 3-D expert weights and
+    the router of transformers >= 5 mixture-of-experts blocks. bitsandbytes quantises only
+    nn.Linear, so QLoRA leaves these in the compute dtype; PEFT adapts them through the parameter
+    (ParamWrapper), and every forward materialises W + scale * B @ A, kept for backward."""
     return arch.experts > 1 and (lin.count == arch.experts or lin.role == "router")
 
 
 def lora_rank(arch: ModelArch, lin: Linear, r: int) -> int:
     """Rank of one adapter: PEFT's all-linear gives the fused gate+up expert weight 2r (its
     rank_pattern), so that gate and up each keep r."""
-    return 2 * r if weight_wrapped(arch, lin) and lin.name == "gate_up_proj" else r
+    return 2 * r if bare_parameter(arch, lin) and lin.name == "gate_up_proj" else r
 
 
 def lora_targets(arch: ModelArch, spec: TrainSpec) -> set[str]:
@@ -109,7 +110,10 @@ def _count_stage_params(
     largest = 0.0
     for lin in arch.linears:
         fin, fout, bias = _shard(lin, tp)
-        quantizable += layers * lin.count * fin * fout
+        if bare_parameter(arch, lin):
+            other += layers * lin.count * fin * fout  # never quantised (see bare_parameter)
+        else:
+            quantizable += layers * lin.count * fin * fout
         other += layers * lin.count * bias
         largest = max(largest, lin.count * fin * fout)
         if spec.method == "full":
