@@ -210,3 +210,14 @@ def test_selective_recompute_is_not_offered_where_it_is_full_recompute_under_ano
     }
     pinned = Request(bloom, cluster, TrainSpec(grad_ckpt="selective"), pins=(("grad_ckpt", "selective"),))
     assert {g.spec.grad_ckpt for g in space.groups(pinned, TrainSpec(grad_ckpt="selective"))} == {"selective"}
+
+
+def test_fused_experts_are_never_planned_or_estimated_with_autotp():
+    """AutoTP replaces nn.Linear only; transformers >= 5 keeps MoE experts as fused parameters,
+    which TP would leave whole on every rank."""
+    from launcher.errors import InvalidSpecError
+
+    mixtral, cluster = resolve_model("mixtral-8x7b"), parse_gpus("8xH100")
+    assert space.tp_degrees(Request(mixtral, cluster, TrainSpec())) == [1]
+    with pytest.raises(InvalidSpecError, match="AutoTP splits only nn.Linear"):
+        estimate(mixtral, TrainSpec(tp=2), cluster)

@@ -90,6 +90,11 @@ class Estimate:
 def check_parallelism(arch: ModelArch, spec: TrainSpec, world: int) -> int:
     """Validate TP/PP against the model and the cluster; return the data-parallel degree."""
     tp, pp = spec.tp, spec.pp
+    if tp > 1 and arch.experts > 1:
+        raise InvalidSpecError(
+            f"--tp {tp}: {arch.name}'s experts are fused parameters (transformers >= 5), not nn.Linear "
+            "layers, and DeepSpeed's AutoTP splits only nn.Linear; use --tp 1 with ZeRO-3 to shard them"
+        )
     if arch.heads % tp or arch.kv_heads % tp:
         ok = [d for d in range(1, arch.kv_heads + 1) if arch.heads % d == 0 and arch.kv_heads % d == 0]
         raise InvalidSpecError(

@@ -98,6 +98,8 @@ def tp_degrees(request: Request) -> list[int]:
             )
         check_parallelism(arch, TrainSpec(tp=pinned), request.cluster.world_size)
         return [pinned]
+    if arch.experts > 1:
+        return [1]  # AutoTP cannot split fused experts (check_parallelism says why)
     return [t for t in range(1, g + 1) if g % t == 0 and arch.heads % t == 0 and arch.kv_heads % t == 0]
 
 
