@@ -97,8 +97,8 @@ def _whole(value: object) -> bool:
 
 
 def _node_class(gpu: GpuType) -> str:
-    if node_class(gpu.name):
-        return node_class(gpu.name)
+    if cls := node_class(gpu.name):
+        return cls
     if gpu.default_gpus_per_node >= 8:
         return "pcie-server" if gpu.intra_node_link == "pcie" else "hgx-a100"
     return "workstation"

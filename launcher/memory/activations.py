@@ -96,6 +96,12 @@ def attention_impl(arch: ModelArch, spec: TrainSpec) -> str:
     return spec.attention
 
 
+def unfused_attention(arch: ModelArch, spec: TrainSpec) -> bool:
+    """Attention as separate matmuls and a softmax (eager, sdpa's math kernel): s²-sized scores,
+    the full square computed, nothing a selective-checkpointing policy keeps."""
+    return attention_impl(arch, spec) in ("eager", "math")
+
+
 def _dropout(arch: ModelArch, *keys: str) -> float:
     for k in keys:
         v = arch.hf_config.get(k)
@@ -186,7 +192,7 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
     if keeps("qkv"):
         linear_inputs += T * h * e
     impl = attention_impl(arch, spec)
-    if keeps("attn_out") and impl in ("eager", "math"):
+    if keeps("attn_out") and unfused_attention(arch, spec):
         # fused sdpa/flash return (b, s, heads, d) memory: o_proj reads a view of the kept output
         linear_inputs += T * qd / t * e
     shared_norm = n_norms == 1 and arch.model_type != "gpt2"  # parallel block: MLP reads the same tensor
@@ -253,7 +259,7 @@ def stored_per_layer(
         T = spec.micro_batch * spec.seq_len
         heads = arch.heads / spec.tp
         kept += T * e * saved_matmul_outputs(arch, spec, targets)
-        if attention_impl(arch, spec) != "math" and attention_impl(arch, spec) != "eager":
+        if not unfused_attention(arch, spec):
             # the fused attention op's output and LSE (the policy saves it: sdpa's kernels and
             # flash-attn's op); eager and the math kernel are bmm and softmax, recomputed
             kept += T * arch.heads * arch.head_dim / spec.tp * e + 4 * spec.micro_batch * heads * spec.seq_len
@@ -263,7 +269,7 @@ def stored_per_layer(
 def selective_is_full(arch: ModelArch, spec: TrainSpec, targets: frozenset | set) -> bool:
     """Selective checkpointing would keep nothing full recompute does not (every matmul biased,
     as in BLOOM, and unfused attention): the same memory and the same recompute."""
-    return saved_matmul_outputs(arch, spec, targets) == 0 and attention_impl(arch, spec) in ("eager", "math")
+    return saved_matmul_outputs(arch, spec, targets) == 0 and unfused_attention(arch, spec)
 
 
 def saved_matmul_outputs(arch: ModelArch, spec: TrainSpec, targets: frozenset | set) -> float:

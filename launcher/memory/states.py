@@ -107,7 +107,7 @@ def _count_stage_params(
 ) -> StageParams:
     targets = lora_targets(arch, spec) if spec.trains_adapters else set()
     quantizable = other = trainable = ada = 0.0
-    largest = 0.0
+    largest = experts_module = 0.0
     for lin in arch.linears:
         fin, fout, bias = _shard(lin, tp)
         if bare_parameter(arch, lin):
@@ -116,6 +116,8 @@ def _count_stage_params(
             quantizable += layers * lin.count * fin * fout
         other += layers * lin.count * bias
         largest = max(largest, lin.count * fin * fout)
+        if arch.experts > 1 and lin.count == arch.experts:
+            experts_module += lin.count * fin * fout
         if spec.method == "full":
             trainable += layers * lin.count * (fin * fout + bias)
             ada += layers * lin.count * (fin + fout + bias)
@@ -124,11 +126,6 @@ def _count_stage_params(
             trainable += layers * lin.count * r * (fin + fout)
             ada += layers * lin.count * 2 * (r + (fin + fout) / 2)
     # transformers >= 5 keeps a block's experts in one module (both fused weights): gathered together
-    experts_module = 0.0
-    for lin in arch.linears:
-        if arch.experts > 1 and lin.count == arch.experts:
-            fin, fout, _ = _shard(lin, tp)
-            experts_module += lin.count * fin * fout
     largest = max(largest, experts_module)
     norms = layers * arch.layer_norm_params
     edge = 0.0

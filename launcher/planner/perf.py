@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from launcher.gpus import GpuType
 from launcher.hardware import ClusterSpec
 from launcher.memory import states as S
-from launcher.memory.activations import attention_impl, selective_matmuls
+from launcher.memory.activations import selective_matmuls, unfused_attention
 from launcher.models.arch import ModelArch
 from launcher.planner import constants as C
 from launcher.spec import TrainSpec
@@ -107,7 +107,7 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         mm += active * lin.fan_in * lin.fan_out
         if lin.name in targets:
             lora += active * spec.lora_r * (lin.fan_in + lin.fan_out)
-    unfused = attention_impl(arch, spec) in ("eager", "math")
+    unfused = unfused_attention(arch, spec)
     causal = 1.0 if unfused else C.CAUSAL_FRACTION
     attn = 4 * spec.seq_len * arch.heads * arch.head_dim * causal
     head = 2 * arch.vocab * arch.hidden

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import torch  # only the trace's subprocess (step.py) imports this module
+
 
 class Zero3Gather:
     def __init__(
@@ -36,6 +38,8 @@ class Zero3Gather:
         self.step_id = 0
         self.queue: deque = deque()
         self.fetched_for: dict[int, int] = {}  # id(param) -> latest use it was fetched for
+        # id(module) -> [input gradients still to come] of its latest forward, None if none will
+        self.pending: dict[int, list[int] | None] = {}
         for m in model.modules():
             params = tuple(m.parameters(recurse=False))
             if not params:
@@ -115,14 +119,11 @@ class Zero3Gather:
     # -- backward triggers ---------------------------------------------------------------------
     def _watch_inputs(self, module, inputs):
         """Release the module's parameters once the gradients of all its inputs are computed."""
-        import torch
-
         watched = [t for t in _tensors(inputs) if t.requires_grad]
         if not watched or not torch.is_grad_enabled():
-            module._ftl_z3_pending = None  # nothing to wait for: released with the output's gradient
+            self.pending[id(module)] = None  # nothing to wait for: released with the output's gradient
             return None
-        module._ftl_z3_pending = [len(watched)]
-        counter = module._ftl_z3_pending
+        counter = self.pending[id(module)] = [len(watched)]
 
         def done():
             counter[0] -= 1
@@ -133,12 +134,10 @@ class Zero3Gather:
 
     def _watch_outputs(self, module, inputs, outputs):
         """Fetch the module's parameters when the first gradient reaches one of its outputs."""
-        import torch
-
         if not torch.is_grad_enabled() or not any(t.requires_grad for t in _tensors(outputs)):
             return None
         fired = [False]
-        release_too = getattr(module, "_ftl_z3_pending", None) is None
+        release_too = self.pending.get(id(module)) is None
 
         def fetch():
             if not fired[0]:
@@ -173,8 +172,6 @@ class Zero3Gather:
 
 
 def _tensors(value) -> list:
-    import torch
-
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
@@ -185,8 +182,6 @@ def _tensors(value) -> list:
 
 
 def _map_tensors(value, fn):
-    import torch
-
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
@@ -196,34 +191,16 @@ def _map_tensors(value, fn):
     return value  # dicts and model-output objects pass through (DeepSpeed warns, we skip)
 
 
-def _identity_function():
-    import torch
+class _Identity(torch.autograd.Function):
+    """Passes a tensor through (detached, so in-place edits of it are fine) and runs a callback
+    when its gradient comes back, as DeepSpeed's Pre/PostBackwardFunction do."""
 
-    class Identity(torch.autograd.Function):
-        """Passes a tensor through (detached, so in-place edits of it are fine) and runs a
-        callback when its gradient comes back, as DeepSpeed's Pre/PostBackwardFunction do."""
+    @staticmethod
+    def forward(ctx, t, callback):
+        ctx.callback = callback
+        return t.detach()
 
-        @staticmethod
-        def forward(ctx, t, callback):
-            ctx.callback = callback
-            return t.detach()
-
-        @staticmethod
-        def backward(ctx, grad):
-            ctx.callback()
-            return grad, None
-
-    return Identity
-
-
-class _LazyIdentity:
-    def __init__(self) -> None:
-        self._fn = None
-
-    def apply(self, t, callback):
-        if self._fn is None:
-            self._fn = _identity_function()
-        return self._fn.apply(t, callback)
-
-
-_Identity = _LazyIdentity()
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.callback()
+        return grad, None
