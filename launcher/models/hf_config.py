@@ -14,7 +14,8 @@ from pathlib import Path
 
 from launcher.errors import UnknownModelError
 from launcher.models.arch import ModelArch
-from launcher.models.hf_families import ALIASES, BUILDERS, ConfigReader
+from launcher.models.config_reader import ConfigReader
+from launcher.models.hf_families import ALIASES, BUILDERS
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(BUILDERS))
 

@@ -14,99 +14,16 @@ one nn.Linear per expert (w1/w2/w3 in transformers 4 and in the checkpoints); th
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from typing import Any
 
-from launcher.errors import UnknownModelError
 from launcher.models.arch import Linear, ModelArch
+from launcher.models.config_reader import ConfigReader
 
-_MISSING: Any = object()
-
-# tie_word_embeddings when config.json does not say (transformers' config class defaults).
-TIE_DEFAULTS = {
-    "llama": False,
-    "mistral": False,
-    "mixtral": False,
-    "qwen2": False,
-    "qwen3": False,
-    "gemma": True,
-    "qwen": False,
-    "bloom": True,
-    "falcon": True,
-    "gpt_neox": False,
-    "opt": True,
-    "phi": False,
-    "stablelm": False,
-    "gpt2": True,
-}
 # num_key_value_heads when the key is absent (None = num_attention_heads); an explicit null
 # in config.json always means num_attention_heads.
 _KV_DEFAULTS = {"llama": None, "mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "gemma": 16}
 # head_dim when the key is absent (None = hidden_size // num_attention_heads).
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256}
-
-
-class ConfigReader:
-    """Reads keys of one config.json; a missing or malformed required key is a user error."""
-
-    def __init__(self, config: dict, name: str, model_type: str):
-        self.d = config
-        self.name = name
-        self.model_type = model_type
-
-    def get(self, *keys: str, default: Any = None) -> Any:
-        """The value of the first key present (an explicit null counts as present)."""
-        for key in keys:
-            if key in self.d:
-                return self.d[key]
-        return default
-
-    def num(self, *keys: str, default: Any = _MISSING) -> int:
-        value = self.get(*keys, default=default)
-        if value is None or value is _MISSING:
-            also = f" (or {', '.join(repr(k) for k in keys[1:])})" if len(keys) > 1 else ""
-            raise UnknownModelError(
-                f"{self.name}: config.json (model_type {self.model_type!r}) has no {keys[0]!r}{also}; "
-                "pass the model's complete Hugging Face config.json"
-            )
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise UnknownModelError(
-                f"{self.name}: config.json key {keys[0]!r} must be a positive integer, got {value!r}; "
-                "fix the config.json"
-            )
-        return value
-
-    def flag(self, *keys: str, default: bool) -> bool:
-        value = self.get(*keys, default=default)
-        return default if value is None else bool(value)
-
-    def tied(self) -> bool:
-        return self.flag("tie_word_embeddings", default=TIE_DEFAULTS[self.model_type])
-
-    def fail(self, what: str) -> UnknownModelError:
-        return UnknownModelError(f"{self.name}: config.json (model_type {self.model_type!r}) {what}")
-
-    def heads_split(self, hidden: int, heads: int) -> int:
-        if hidden % heads:
-            raise self.fail(
-                f"has hidden size {hidden} not divisible by {heads} attention heads; fix the config.json"
-            )
-        return hidden // heads
-
-    def arch(self, **fields: Any) -> ModelArch:
-        for key in ("kv_heads", "head_dim", "ffn", "max_positions"):
-            value, least = fields[key], 0 if key == "max_positions" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise self.fail(f"gives {key} = {value!r}, not a positive integer; fix the config.json")
-        heads, kv = fields["heads"], fields["kv_heads"]
-        if kv <= 0 or heads % kv:
-            raise self.fail(
-                f"has {heads} attention heads not divisible by {kv} key/value heads; fix the config.json"
-            )
-        return ModelArch(
-            name=self.name, model_type=self.model_type, hf_config=copy.deepcopy(self.d), **fields
-        )
 
 
 def _attn(q: str, k: str, v: str, o: str, h: int, q_dim: int, kv_dim: int, qkv_bias: bool, o_bias: bool):
