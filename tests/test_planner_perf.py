@@ -7,7 +7,7 @@ import pytest
 from launcher.hardware import parse_gpus
 from launcher.models.catalog import resolve_model
 from launcher.planner import constants as C
-from launcher.planner.perf import TERMS, dp_bandwidth, peak_flops, performance
+from launcher.planner.perf import TERMS, dp_bandwidth, matmul_efficiency, peak_flops, performance
 from launcher.spec import TrainSpec
 
 LLAMA = resolve_model("llama-3.1-8b")
@@ -100,3 +100,17 @@ def test_more_gpus_in_data_parallel_means_less_time_per_step():
     small = perf(TrainSpec(zero_stage=2, grad_accum=8), parse_gpus("4xA100"))
     large = perf(TrainSpec(zero_stage=2, grad_accum=4), A100x8)
     assert large.step_time_s < small.step_time_s
+
+
+def test_fast_gpus_reach_a_smaller_fraction_of_their_peak_in_16_bit_only():
+    """H100-class matmuls run at FAST_GPU_EFFICIENCY_RATIO of the A100-class efficiency (MosaicML's
+    same-code A100/H100 pairs); fp32 (no tensor cores) keeps the plain efficiency."""
+    a100, h100 = parse_gpus("A100").gpu, parse_gpus("H100").gpu
+    assert matmul_efficiency(a100, "bf16") == C.MATMUL_EFFICIENCY
+    assert matmul_efficiency(h100, "bf16") == pytest.approx(C.MATMUL_EFFICIENCY * C.FAST_GPU_EFFICIENCY_RATIO)
+    assert matmul_efficiency(h100, "fp32") == C.MATMUL_EFFICIENCY
+    spec = TrainSpec(grad_accum=4)
+    on_a100 = perf(spec).breakdown["compute"]
+    on_h100 = perf(spec, parse_gpus("8xH100")).breakdown["compute"]
+    expected = (989 / 312) * C.FAST_GPU_EFFICIENCY_RATIO
+    assert on_a100 / on_h100 == pytest.approx(expected)

@@ -4,7 +4,7 @@ Time per optimizer step on the slowest pipeline stage, each term in seconds (con
 sources in launcher/planner/constants.py; "exposed" = what overlap leaves on the critical path,
 exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind compute w):
 
-  compute    training FLOPs at peak x MATMUL_EFFICIENCY (fp32: the non-tensor-core rate). Per token
+  compute    training FLOPs at peak x matmul_efficiency (fp32: the non-tensor-core rate). Per token
              and layer: linears 2·N forward; attention 4·s·d forward (half with causal sdpa/flash);
              backward twice the forward for full fine-tuning (6·N in all); LoRA skips the frozen
              weights' gradients (4·N) and adds 6·n per adapter parameter. The LM head (2·V·h) is
@@ -83,6 +83,12 @@ def peak_flops(gpu: GpuType, precision: str) -> float:
     return gpu.peak_bf16_tflops * 1e12
 
 
+def matmul_efficiency(gpu: GpuType, precision: str) -> float:
+    """Fraction of `peak_flops` the training matmuls reach on this GPU (constants.py says why)."""
+    fast = precision != "fp32" and gpu.peak_bf16_tflops >= C.FAST_GPU_PEAK_TFLOPS
+    return C.MATMUL_EFFICIENCY * (C.FAST_GPU_EFFICIENCY_RATIO if fast else 1.0)
+
+
 def stage_layers(layers: int, pp: int) -> tuple[int, int]:
     """Blocks on the first and on the last pipeline stage (the memory model's split)."""
     first = math.ceil(layers / pp)
@@ -152,7 +158,7 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
     gpu, node = cluster.gpu, cluster.node
     tp, pp, accum = spec.tp, spec.pp, spec.grad_accum
     e = 4 if spec.precision == "fp32" else 2
-    rate = peak_flops(gpu, spec.precision) * C.MATMUL_EFFICIENCY
+    rate = peak_flops(gpu, spec.precision) * matmul_efficiency(gpu, spec.precision)
     tokens = spec.micro_batch * spec.seq_len  # per GPU per micro-batch
     f = token_flops(arch, spec)
 

@@ -1,0 +1,39 @@
+"""bench/speed_accuracy.py: its rows are configurations the planner accepts, its errors are the
+planner's own figure against the published one, and the implied efficiency makes a row exact."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.speed_accuracy import CASES, evaluate, markdown, summarise
+from launcher.planner import constants as C
+
+ROWS = [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["id"] for r in ROWS])
+def test_each_published_row_is_predicted_by_the_planner_model(row):
+    r = evaluate(row)
+    measured = row["measured"]["tokens_per_s_per_gpu"]
+    assert r["error_pct"] == pytest.approx(100 * (r["predicted"] - measured) / measured, abs=0.01)
+    assert 0 < r["matmul_share"] <= 1 and r["note"] and r["role"]
+
+
+def test_the_implied_efficiency_reproduces_the_measured_rate(monkeypatch):
+    row = ROWS[0]
+    implied = evaluate(row)["implied_efficiency"]
+    monkeypatch.setattr(C, "MATMUL_EFFICIENCY", implied)  # an A100 row: the plain efficiency applies
+    assert evaluate(row)["error_pct"] == pytest.approx(0.0, abs=0.2)
+
+
+def test_summary_and_table_carry_every_row():
+    results = [evaluate(r) for r in ROWS]
+    summary = summarise(results)
+    assert summary["rows"] == len(ROWS)
+    assert summary["worst_abs_error_pct"] == pytest.approx(
+        max(abs(r["error_pct"]) for r in results), abs=0.05
+    )
+    text = markdown(results, summary)
+    assert all(f"| {r['id']} |" in text for r in results)
