@@ -94,7 +94,8 @@ def evaluate(row: dict, run_trace: bool) -> dict:
     gib = {"analytic": in_metric(est.peak_allocated, metric, world)}
     notes = {}
     out["fits"] = est.fits
-    if run_trace:
+    oom = bool(row.get("measured", {}).get("oom"))
+    if run_trace and not oom:  # an OOM row has no figure to trace against
         from launcher.trace import TraceError, trace, untraceable
 
         why = untraceable(arch, spec)
@@ -130,8 +131,10 @@ def evaluate(row: dict, run_trace: bool) -> dict:
             if not (k == "trace" and out.get("measured_by") == "trace")
         }
     out["notes"] = notes
-    if row.get("measured", {}).get("oom"):
+    if oom:  # which estimators say it does not fit: ours by its budget, the others above the GPU
         out["oom"] = True
+        capacity = cluster.gpu.memory_gib
+        out["predicts_oom"] = {k: (not est.fits if k == "analytic" else v > capacity) for k, v in gib.items()}
     if row.get("note"):
         out["note"] = row["note"]
     return out
@@ -215,6 +218,8 @@ def cell(r: dict, name: str) -> str:
     if name not in r.get("gib", {}):
         return "—"
     v = r["gib"][name]
+    if r.get("oom"):
+        return f"{v:.1f} ({'OOM' if r['predicts_oom'][name] else 'fits: wrong'})"
     e = r.get("error_pct", {}).get(name)
     return f"{v:.1f}" if e is None else f"{v:.1f} ({e:+.1f}%)"
 
@@ -223,6 +228,8 @@ def markdown(results: list[dict], summary: dict, checks: list, seconds: float) -
     lines = [
         "GiB per GPU in each row's metric; (signed error vs measured). Measured = published figure, or",
         "for trust `trace` rows our own trace of the step (so their trace column is the measurement).",
+        "OOM rows: a published run that ran out of memory; each estimator's figure and its verdict",
+        "(ftlaunch: its fit check; the others: above the GPU's memory or not).",
         "",
         "| case | trust | metric | measured | ftlaunch analytic | ftlaunch trace | DeepSpeed | accelerate | llm-analysis |",
         "|---|---|---|---:|---:|---:|---:|---:|---:|",
@@ -231,7 +238,7 @@ def markdown(results: list[dict], summary: dict, checks: list, seconds: float) -
         if "error" in r:
             lines.append(f"| {r['id']} | {r['trust']} | {r['metric']} | estimate failed: {r['error']} ||||||")
             continue
-        m = "—" if r.get("measured_gib") is None else f"{r['measured_gib']:.1f}"
+        m = "OOM" if r.get("oom") else "—" if r.get("measured_gib") is None else f"{r['measured_gib']:.1f}"
         lines.append(
             f"| {r['id']} | {r['trust']} | {r['metric']} | {m} | "
             + " | ".join(

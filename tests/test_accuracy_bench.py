@@ -49,3 +49,48 @@ def test_rows_without_a_measurement_or_note_print_no_notes_section():
     result = evaluate(row, run_trace=False)
     assert "error_pct" not in result and "note" not in result
     assert "case files' notes" not in markdown([result], summarise([result]), [], 1.0)
+
+
+OOM_ROW = {
+    "id": "published-oom",
+    "trust": "A",
+    "metric": "allocated",
+    "measured": {"oom": True},
+    "args": {
+        "model": "llama-2-7b",
+        "gpus": "1xA100-80GB",
+        "method": "full",
+        "precision": "fp32",
+        "seq_len": 512,
+    },
+}
+
+
+def test_an_oom_row_is_never_traced_and_each_estimator_gets_a_verdict(monkeypatch):
+    import launcher.trace as trace_module
+
+    def no_trace(*a, **k):
+        raise AssertionError("an OOM row has no figure to trace against")
+
+    monkeypatch.setattr(trace_module, "trace", no_trace)
+    result = evaluate(OOM_ROW, run_trace=True)
+    assert result["oom"] and not result["fits"] and "error_pct" not in result
+    assert result["predicts_oom"]["analytic"] is True
+    assert "trace" not in result["gib"]
+    checks = {t: (ok, ev) for t, ok, ev in targets([result], summarise([result]))}
+    assert checks["every published OOM predicted as not fitting"] == (True, "1 of 1 OOM rows")
+    row = next(
+        line
+        for line in markdown([result], summarise([result]), [], 1.0).splitlines()
+        if "published-oom" in line
+    )
+    assert "| OOM |" in row and "(OOM)" in row
+
+
+def test_an_oom_row_the_model_says_fits_fails_the_target():
+    fits = {**OOM_ROW, "args": {**OOM_ROW["args"], "model": "llama-3.2-1b", "precision": "bf16"}}
+    result = evaluate(fits, run_trace=False)
+    assert result["fits"] and result["predicts_oom"]["analytic"] is False
+    ok, evidence = next((ok, ev) for t, ok, ev in targets([result], summarise([result])) if "OOM" in t)
+    assert not ok and evidence == "0 of 1 OOM rows"
+    assert "fits: wrong" in markdown([result], summarise([result]), [], 1.0)
