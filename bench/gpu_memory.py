@@ -27,6 +27,9 @@ Outputs (GPU run; a CPU run writes *.cpu.* beside them):
     bench/results/gpu_measured.jsonl two rows per measured configuration (metric allocated and
                                      reserved) in the shape of shared/data/published_memory.jsonl,
                                      trust A: `python bench/accuracy.py bench/results/gpu_measured.jsonl`
+    bench/results/gpu_speed.jsonl    tokens/s of the last measured step beside the planner's speed
+                                     model, in the shape of bench/data/published_speed.jsonl
+                                     (`python bench/speed_accuracy.py` reads it)
 
 Weights are random (the GPU machine has no internet): once per model a random checkpoint is
 written to the work directory (initialised on the GPU, which is fast) and every row loads it as
@@ -105,6 +108,19 @@ def estimate(args: dict) -> dict:
     return json.loads(out.getvalue())
 
 
+def predicted_speed(args: dict) -> float | None:
+    """Tokens/s the planner's speed model (launcher/planner/perf.py) gives this one-GPU row."""
+    from bench.speed_accuracy import configuration
+    from launcher.errors import FtlaunchError
+    from launcher.planner.perf import performance
+
+    try:
+        arch, spec, cluster, dp = configuration(args)
+    except FtlaunchError:
+        return None
+    return round(performance(arch, spec, cluster, dp).tokens_per_s, 1)
+
+
 def error_pct(est: float | None, measured: float | None) -> float | None:
     if est is None or not measured:
         return None
@@ -165,6 +181,25 @@ def published(rows: list[dict], meta: dict) -> list[dict]:
     return out
 
 
+def speed_rows(rows: list[dict], meta: dict) -> list[dict]:
+    """Measured tokens/s in the shape of bench/data/published_speed.jsonl (bench/speed_accuracy.py)."""
+    return [
+        {
+            "id": f"gpu-speed-{r['name']}",
+            "role": "measures ftlaunch's own worker",
+            "measured": {"tokens_per_s_per_gpu": r["tokens_per_s"]},
+            "args": r["args"],
+            "source": (
+                f"bench/gpu_memory.py on {meta['device']}, {meta['date']} (torch {meta['torch']}, "
+                f"deepspeed {meta['deepspeed']}); tokens/s of step {meta['steps']}"
+            ),
+            "note": "ftlaunch's worker, one process, ZeRO-0, random weights; one step after warm-up",
+        }
+        for r in rows
+        if r["status"] == STATUS_OK and r.get("tokens_per_s") and r.get("error_speed_pct") is not None
+    ]
+
+
 def markdown(rows: list[dict], meta: dict) -> str:
     def f(x, fmt=None):
         return "" if x is None else (fmt or ("{:.2f}" if abs(x) >= 1 else "{:.3f}")).format(x)
@@ -175,8 +210,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"estimate for `--gpus {meta['gpus']}`. GiB; error = (estimate - measured) / measured.",
         "",
         "| model | method | ckpt | seq | mb | est alloc | alloc | err | est reserved | reserved | err "
-        "| host RSS | status |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| est tok/s | tok/s | err | host RSS | status |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(
@@ -184,14 +219,19 @@ def markdown(rows: list[dict], meta: dict) -> str:
             f"| {f(r['est_peak_allocated_gib'])} | {f(r.get('peak_allocated_gib'))} "
             f"| {f(r.get('error_allocated_pct'), '{:+.1f}%')} | {f(r['est_peak_reserved_gib'])} "
             f"| {f(r.get('peak_reserved_gib'))} | {f(r.get('error_reserved_pct'), '{:+.1f}%')} "
+            f"| {f(r.get('est_tokens_per_s'), '{:,.0f}')} | {f(r.get('tokens_per_s'), '{:,.0f}')} "
+            f"| {f(r.get('error_speed_pct'), '{:+.1f}%')} "
             f"| {f(r.get('host_rss_gib'))} | {r['status'] or 'pending'} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def write_outputs(rows: list[dict], meta: dict, out: Path, md: Path, pub: Path) -> None:
+    speed = pub.parent / pub.name.replace("gpu_measured", "gpu_speed")
     for p in (out, md, pub):
         p.parent.mkdir(parents=True, exist_ok=True)
+    if speed != pub:
+        speed.write_text("".join(json.dumps(r) + "\n" for r in speed_rows(rows, meta)))
     keys = ("device", "torch", "date", "gpus")
     out.write_text("".join(json.dumps({**r, **{k: meta[k] for k in keys}}) + "\n" for r in rows))
     md.write_text(markdown(rows, meta))
@@ -273,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     by_name = {c.name: c for _, c in passes}
     for r in rows:
         r["args"] = args[by_name[r["name"]]]
+        r["est_tokens_per_s"] = predicted_speed(r["args"])
     if a.dry_run:
         for r in rows:
             print(
@@ -324,6 +365,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         result["error_reserved_pct"] = error_pct(
             row["est_peak_reserved_gib"], result.get("peak_reserved_gib")
+        )
+        # a CPU run's tokens/s is not the estimated GPU's: not compared, as its memory is not
+        result["error_speed_pct"] = (
+            None if cpu else error_pct(row["est_tokens_per_s"], result.get("tokens_per_s"))
         )
         result["optimizer_impl"] = meta["optimizer_impl"]
         print(f"[gpu_memory] {row['name']}: {result['status']}", file=sys.stderr)

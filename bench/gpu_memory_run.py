@@ -173,7 +173,7 @@ def run_worker(run_dir: Path, steps: int, cpu: bool, timeout: float, torch_adam:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     if record is not None:
-        keys = ("peak_allocated_gib", "peak_reserved_gib", "host_rss_gib")
+        keys = ("peak_allocated_gib", "peak_reserved_gib", "host_rss_gib", "tokens_per_s")
         return {"status": "ok", **{k: record.get(k) for k in keys}, "loss": record.get("loss")}
     if code is None:
         return {"status": f"failed: timeout after {timeout:.0f} s (step {steps} not reached)"}

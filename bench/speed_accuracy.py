@@ -6,7 +6,9 @@
 Rows (bench/data/published_speed.jsonl): id, role (what the row calibrates or checks), measured {tokens_per_s_per_gpu}, args (the flags of
 `ftlaunch plan` that pin the whole configuration: model, gpus, method, precision, micro_batch,
 seq_len, grad_ckpt, zero_stage, tp, pp, grad_accum; inter_node_bandwidth in GB/s per node where
-the row's network differs from the catalog's), source, note.
+the row's network differs from the catalog's; gpu_memory where the device is not in the GPU
+catalog), source, note. bench/results/gpu_speed.jsonl (what bench/gpu_memory.py measured with
+ftlaunch's own worker on a GPU) is read too when present.
 
 Per row: the predicted tokens/s per GPU (launcher/planner/perf.py, what the planner ranks plans
 by), its signed error, the matmul efficiency the model used for that GPU, the share of the
@@ -34,14 +36,19 @@ from launcher.planner.perf import matmul_efficiency, performance  # noqa: E402
 from launcher.spec import TrainSpec  # noqa: E402
 
 CASES = ROOT / "bench" / "data" / "published_speed.jsonl"
-CLUSTER_KEYS = ("model", "gpus", "inter_node_bandwidth")
+CLUSTER_KEYS = ("model", "gpus", "gpu_memory", "inter_node_bandwidth")
+GPU_MEASURED = ROOT / "bench" / "results" / "gpu_speed.jsonl"
 MATMUL_TERMS = ("compute", "recompute")
 
 
 def configuration(args: dict):
     """(arch, spec, cluster, dp) from a row's flags."""
     arch = resolve_model(args["model"])
-    cluster = parse_gpus(args["gpus"], inter_node_bandwidth_gbs=args.get("inter_node_bandwidth"))
+    cluster = parse_gpus(
+        args["gpus"],
+        gpu_memory_gib=args.get("gpu_memory"),
+        inter_node_bandwidth_gbs=args.get("inter_node_bandwidth"),
+    )
     spec = TrainSpec(**{k: v for k, v in args.items() if k not in CLUSTER_KEYS})
     return arch, spec, cluster, cluster.world_size // (spec.tp * spec.pp)
 
@@ -110,11 +117,14 @@ def markdown(results: list[dict], summary: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cases", nargs="?", type=Path, default=CASES, help="JSONL rows (default: %(default)s)")
+    p.add_argument(
+        "cases", nargs="*", type=Path, help="JSONL rows (default: published_speed.jsonl + GPU results)"
+    )
     p.add_argument("--markdown", type=Path, metavar="FILE", help="write the table as markdown")
     p.add_argument("--json", type=Path, metavar="FILE", help="write every result as JSON")
     a = p.parse_args()
-    rows = [json.loads(line) for line in a.cases.read_text().splitlines() if line.strip()]
+    files = a.cases or [CASES] + ([GPU_MEASURED] if GPU_MEASURED.exists() else [])
+    rows = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
     results = [evaluate(r) for r in rows]
     summary = summarise(results)
     text = markdown(results, summary)

@@ -130,6 +130,30 @@ def test_published_rows_load_in_the_accuracy_bench():
     assert "| llama-3.2-1b | lora | full | 4096 | 1 |" in md and "8.50" in md
 
 
+def test_speed_rows_load_in_the_speed_bench():
+    """A measured step's tokens/s goes out in published_speed.jsonl's shape; bench/speed_accuracy.py
+    re-predicts it from `args` alone (the device's memory override included) and gets ours back."""
+    from bench.speed_accuracy import evaluate as speed_evaluate
+
+    row = _measured_row()
+    row["args"] = {**row["args"], "gpu_memory": 139.8}
+    row["est_tokens_per_s"] = gm.predicted_speed(row["args"])
+    row.update(tokens_per_s=20000.0, error_speed_pct=gm.error_pct(row["est_tokens_per_s"], 20000.0))
+    rows = gm.speed_rows([row, {**row, "status": "failed: x"}, {**row, "error_speed_pct": None}], META)
+    assert len(rows) == 1 and rows[0]["measured"] == {"tokens_per_s_per_gpu": 20000.0}
+    r = speed_evaluate(rows[0])
+    assert r["predicted"] == pytest.approx(row["est_tokens_per_s"], rel=1e-3) and r["gpu"] == "H200"
+    assert r["error_pct"] == pytest.approx(row["error_speed_pct"], abs=0.05)
+    shape = {
+        "model": "llama-3.2-1b",
+        "method": "lora",
+        "grad_ckpt": "full",
+        "seq_len": 4096,
+        "micro_batch": 1,
+    }
+    assert "| 20,000 |" in gm.markdown([{**row, **shape}], META)
+
+
 def test_worker_peak_memory_record_on_the_cpu():
     pytest.importorskip("torch")
     from launcher.train.loop import _peak_memory
@@ -154,6 +178,8 @@ def test_cpu_path_end_to_end(tmp_path, capsys):
         assert r["est_peak_allocated_gib"] > 0 and r["est_peak_reserved_gib"] > r["est_peak_allocated_gib"]
         assert r["peak_allocated_gib"] is None and r["peak_reserved_gib"] is None
         assert r["error_allocated_pct"] is None and r["host_rss_gib"] > 0
+        # the CPU's tokens/s is measured but not compared with the nominal GPU's prediction
+        assert r["tokens_per_s"] > 0 and r["est_tokens_per_s"] > 0 and r["error_speed_pct"] is None
         assert r["args"]["zero_stage"] == 0 and r["args"]["seq_len"] == 128
         # the worker logged every step with the new keys and the old one, and was killed after step 3
         log = tmp_path / "work" / "runs" / r["name"] / "logs" / "metrics.jsonl"
@@ -169,6 +195,7 @@ def test_cpu_path_end_to_end(tmp_path, capsys):
     ]
     assert (tmp_path / "rows.md").read_text().count("| tiny-llama |") == 2
     assert (tmp_path / "gpu_measured.cpu.jsonl").read_text() == ""  # no CUDA figures, nothing to publish
+    assert (tmp_path / "gpu_speed.cpu.jsonl").read_text() == ""
 
 
 def test_estimate_gpu_and_methods_follow_the_device():
