@@ -106,6 +106,8 @@ BAD = [
     (["--nvme", "-1"], ">= 0"),
     (["--tp", "3"], "does not divide"),
     (["--tp", "16"], "does not divide"),
+    (["--method", "lora", "--tp", "2"], "LoRA's own adapter layers"),
+    (["--zero-stage", "3", "--tp", "2"], "ZeRO-0/1/2 only"),
     (["--pp", "64"], "larger than the model"),
     (["--pp", "2", "--zero-stage", "3"], "ZeRO-0/1"),
     (["--lora-r", "8"], "--method lora"),

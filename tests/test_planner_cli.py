@@ -82,7 +82,7 @@ def test_seed_scenario_adapters(method, capsys):
     best = data["plans"][0]
     assert best["spec"]["method"] == method
     assert best["memory"]["params"]["trainable"] < 0.01 * best["memory"]["params"]["total"]
-    assert best["spec"]["tp"] == 1 or method == "lora"  # AutoTP cannot split 4-bit weights
+    assert best["spec"]["tp"] == 1  # AutoTP splits neither 4-bit weights nor LoRA's adapters
 
 
 def test_human_output_has_table_breakdown_why_and_rejections(capsys):
@@ -155,6 +155,7 @@ def test_pinned_flags_pin_the_search(capsys):
         (["--tp", "1", "--pp", "1", "--global-batch", "12"], "--global-batch 12"),
         (["--pp", "2", "--offload-params", "cpu"], "--pp 2"),
         (["--method", "qlora", "--tp", "2"], "4-bit"),
+        (["--method", "lora", "--tp", "2"], "LoRA's own adapter layers"),
         (["--lora-r", "8"], "--lora-r"),
         (["--price", "FOO=1"], "unknown GPU"),
         (["--price", "H100"], "GPU=USD"),

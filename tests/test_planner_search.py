@@ -172,15 +172,27 @@ def test_pinned_accumulation_without_global_batch():
 
 
 def test_tensor_parallel_divides_heads_stays_in_node_and_avoids_autotp_gaps():
+    seen_tp = set()
     for model, gpus in (("bloom-176b", "2x8xA100"), ("llama-3.1-8b", "8xA100"), ("falcon-40b", "8xA100")):
         arch = resolve_model(model)
-        request = Request(arch, parse_gpus(gpus), TrainSpec(method="lora"), margin=0.0)
+        request = Request(arch, parse_gpus(gpus), TrainSpec(), margin=0.0)
         for p in plan(request).ranked:
             s = p.spec
+            seen_tp.add(s.tp)
             assert arch.heads % s.tp == 0 and arch.kv_heads % s.tp == 0 and s.tp <= 8
             assert s.tp == 1 or (s.zero_stage <= 2 and s.pp == 1)
             assert s.pp == 1 or s.zero_stage <= 1
             assert space.sensible_pp(arch.layers, s.pp)
+    assert seen_tp - {1}, "no TP plan was ranked: the checks above saw none"
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_adapters_are_never_planned_with_autotp(method):
+    """AutoTP would split LoRA's own adapter layers (DeepSpeed then fails to build its optimizer,
+    seen with the worker) and cannot split 4-bit weights: adapters train with ZeRO, tp 1."""
+    request = Request(resolve_model("llama-3.1-70b"), parse_gpus("8xA100"), TrainSpec(method=method))
+    ranked = plan(request).ranked
+    assert ranked and {p.spec.tp for p in ranked} == {1}
 
 
 def test_default_global_batch_is_the_same_for_every_plan():

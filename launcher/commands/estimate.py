@@ -6,8 +6,10 @@ import argparse
 import json
 
 from launcher import options
+from launcher.errors import InvalidSpecError
 from launcher.memory.estimate import check_parallelism, estimate
 from launcher.models.catalog import resolve_model
+from launcher.spec import autotp_conflict
 
 HELP = "memory per GPU, host RAM and NVMe of one configuration (no search)"
 EPILOG = """examples:
@@ -57,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
         return check_parallelism(arch, TrainSpec(tp=tp, pp=pp), cluster.world_size)
 
     spec = options.train_spec(args, dp_of)
+    why = autotp_conflict(spec)
+    if why is not None:  # as `plan` refuses it: no run could train this configuration
+        raise InvalidSpecError(
+            f"--tp {spec.tp} with this configuration: {why}; use --tp 1 (ZeRO shards instead)"
+        )
     est = estimate(arch, spec, cluster)
     if args.json:
         out = est.to_dict(cluster)

@@ -15,7 +15,8 @@ one family; every value written "auto" there is filled here from the plan:
                    gradients and optimizer states in bf16 (needs ZeRO 1+).
   optimizer        AdamW as DeepSpeed's (fused on GPU, CPU-Adam when offloaded); 8-bit AdamW,
                    Adafactor and SGD are created by the worker and passed to DeepSpeed.
-  tensor_parallel  {"autotp_size": tp} when tp > 1 (DeepSpeed 0.19 trains AutoTP with ZeRO 0-3).
+  tensor_parallel  {"autotp_size": tp} when tp > 1 (the planner uses AutoTP for full fine-tuning
+                   with ZeRO 0-2: launcher/spec.py autotp_conflict).
 ZeRO-3 configs always set stage3_gather_16bit_weights_on_model_save, so the saved final
 weights are the gathered model, not empty placeholders.
 """

@@ -7,7 +7,7 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 (tensor parallelism stays inside a node). TP > 1 is DeepSpeed AutoTP, whose
                 training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
                 tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
-                so not with ZeRO-3, PP > 1 or QLoRA (bitsandbytes packs 4-bit weights).
+                so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
   pp            divisors of world / tp up to the layer count whose even split leaves every stage
                 at least one block; only with ZeRO-0/1 (DeepSpeed's pipeline engine); may span nodes
   grad_ckpt     none, selective, full
@@ -31,7 +31,7 @@ from launcher.memory.activations import selective_is_full
 from launcher.memory.estimate import check_parallelism
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
-from launcher.spec import GRAD_CKPT, TrainSpec
+from launcher.spec import GRAD_CKPT, TrainSpec, autotp_conflict
 
 # (zero_stage, offload_optimizer, offload_params), fewest moving parts first: the order breaks
 # ties between plans of equal speed.
@@ -118,19 +118,6 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
             )
         return [pinned]
     return [p for p in range(1, rest + 1) if rest % p == 0 and sensible_pp(layers, p)]
-
-
-def autotp_conflict(spec: TrainSpec) -> str | None:
-    """Why DeepSpeed AutoTP cannot train this configuration, or None when it can (or tp is 1)."""
-    if spec.tp == 1:
-        return None
-    if spec.method == "qlora":
-        return "AutoTP cannot split bitsandbytes' packed 4-bit weights"
-    if spec.zero_stage == 3:
-        return "AutoTP training supports ZeRO-0/1/2 only"
-    if spec.pp > 1:
-        return "DeepSpeed does not combine AutoTP with pipeline parallelism in training"
-    return None
 
 
 def _pinned_spec(request: Request, base: TrainSpec) -> None:
