@@ -56,3 +56,12 @@ def test_busy_rendezvous_port_is_named(tmp_path, capsys, cpu):
         assert main(["preflight", str(tmp_path / "rdzv"), "--timeout", "5"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and str(port) in err[0] and "in use" in err[0]
+
+
+def test_a_run_dir_with_lora_under_autotp_is_refused_before_any_rank_starts(tmp_path, capsys, cpu):
+    """Written before the planner refused it (make_run writes what it is given): the worker would
+    crash in deepspeed.initialize on every rank, so preflight names it in one line."""
+    run_dir, _ = make_run(tmp_path, "lora-tp", TrainSpec(method="lora", tp=2, zero_stage=1, seq_len=64))
+    assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "LoRA's own adapter layers" in err[0] and "tp 1" in err[0]
