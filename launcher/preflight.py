@@ -18,7 +18,7 @@ from pathlib import Path
 
 from launcher.errors import FtlaunchError
 from launcher.rundir import read_run_dir
-from launcher.spec import TrainSpec, autotp_conflict
+from launcher.spec import TrainSpec
 
 
 class PreflightError(FtlaunchError):
@@ -28,9 +28,6 @@ class PreflightError(FtlaunchError):
 def check_run_dir(run_dir: Path) -> None:
     run = read_run_dir(run_dir)
     spec = TrainSpec(**run.spec)
-    why = autotp_conflict(spec)  # a run directory written before the planner refused it
-    if why is not None:
-        raise PreflightError(f"{run_dir} trains with tp {spec.tp}, but {why}; plan it again (tp 1)")
     for name in ("ds_config.json", "launch.sh"):
         if not (run_dir / name).is_file():
             raise PreflightError(f"{run_dir}/{name} is missing; write the run directory again with --dry-run")

@@ -60,8 +60,18 @@ def test_busy_rendezvous_port_is_named(tmp_path, capsys, cpu):
 
 def test_a_run_dir_with_lora_under_autotp_is_refused_before_any_rank_starts(tmp_path, capsys, cpu):
     """Written before the planner refused it (make_run writes what it is given): the worker would
-    crash in deepspeed.initialize on every rank, so preflight names it in one line."""
+    crash in deepspeed.initialize on every rank; preflight (and the worker itself) say why."""
     run_dir, _ = make_run(tmp_path, "lora-tp", TrainSpec(method="lora", tp=2, zero_stage=1, seq_len=64))
     assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "LoRA's own adapter layers" in err[0] and "tp 1" in err[0]
+
+
+def test_a_pipeline_run_dir_is_refused_before_any_rank_starts(tmp_path, capsys, cpu):
+    """The planner writes a pinned --pp plan (its device_map.json is for the user's own loading);
+    the worker trains under DeepSpeed's data-parallel engine and would fail on a batch assertion."""
+    run_dir, _ = make_run(tmp_path, "pp2", TrainSpec(pp=2, zero_stage=1, seq_len=64))
+    assert (run_dir / "device_map.json").is_file()
+    assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pipeline parallelism" in err[0] and "without --pp" in err[0]

@@ -8,8 +8,8 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
                 tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
                 so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
-  pp            divisors of world / tp up to the layer count whose even split leaves every stage
-                at least one block; only with ZeRO-0/1 (DeepSpeed's pipeline engine); may span nodes
+  pp            1, unless pinned (the worker does not run pipeline parallelism); a pinned pp must
+                divide world / tp and leave every stage at least one block; only with ZeRO-0/1
   grad_ckpt     none, selective, full
   micro_batch   MICRO_BATCHES, with the accumulation that reaches the global batch exactly
                 (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate
@@ -65,18 +65,25 @@ class Group:
 
 
 def effective_base(request: Request) -> tuple[TrainSpec, tuple[str, ...]]:
-    """The user's choices adjusted to the GPU: bf16 becomes fp16 where the GPU has no bf16."""
+    """The user's choices adjusted to the GPU (bf16 becomes fp16 where the GPU has no bf16), and
+    what the plans cannot do: a pinned --pp is planned, but the worker will not start it."""
     base, gpu = request.base, request.cluster.gpu
+    notes: tuple[str, ...] = ()
+    if request.pinned.get("pp", 1) > 1:
+        notes = (
+            "--pp: pipeline plans are estimated and written (device_map.json), but ftlaunch's worker "
+            "does not run pipeline parallelism yet and refuses to start them; drop --pp to launch",
+        )
     if gpu.bf16:
-        return base, ()
+        return base, notes
     if base.precision == "bf16":
         note = f"{gpu.name} has no bf16: planned with fp16 mixed precision (same memory, loss scaling)"
-        return base.with_(precision="fp16"), (note,)
+        return base.with_(precision="fp16"), (*notes, note)
     if base.precision == "bf16-pure":
         raise InvalidSpecError(
             f"--precision bf16-pure needs bf16, which {gpu.name} lacks; use --precision fp16 or fp32"
         )
-    return base, ()
+    return base, notes
 
 
 def sensible_pp(layers: int, pp: int) -> bool:
@@ -117,7 +124,11 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
                 f"a layer; use --pp {' or '.join(map(str, ok[-4:]))}"
             )
         return [pinned]
-    return [p for p in range(1, rest + 1) if rest % p == 0 and sensible_pp(layers, p)]
+    # Unpinned, the search stays at pp 1: the worker does not run pipeline parallelism (it trains
+    # under DeepSpeed's data-parallel engine), so a pipeline plan would fail at launch. A pinned
+    # --pp is still planned, for its memory figures and device_map.json (launcher/train/model.py
+    # check_loadable refuses to start it).
+    return [1]
 
 
 def _pinned_spec(request: Request, base: TrainSpec) -> None:

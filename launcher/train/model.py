@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 from launcher.errors import FtlaunchError
-from launcher.spec import TrainSpec
+from launcher.spec import TrainSpec, autotp_conflict
 
 ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 
@@ -29,6 +29,14 @@ def torch_dtype(precision: str):
 
 def check_loadable(spec: TrainSpec, source: str, init: str, has_gpu: bool) -> None:
     """Problems that must stop the job before any rank starts."""
+    if spec.pp > 1:
+        raise ModelLoadError(
+            f"pp {spec.pp}: the worker does not run pipeline parallelism yet (device_map.json is for loading "
+            "the model yourself); plan again without --pp (ZeRO or TP split the model instead)"
+        )
+    why = autotp_conflict(spec)
+    if why is not None:
+        raise ModelLoadError(f"tp {spec.tp}: {why}; plan again (tp 1)")
     if spec.method == "qlora" and not has_gpu:
         raise ModelLoadError(
             "QLoRA needs an NVIDIA GPU (bitsandbytes 4-bit kernels); use --method lora on a CPU"
