@@ -9,6 +9,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
+if [ ! -e /usr/include/libaio.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  # DeepSpeed's async I/O op (NVMe offload, tests/test_train_e2e.py) builds against libaio
+  echo "== installing libaio-dev"
+  apt-get update -qq && apt-get install -y -qq --no-install-recommends libaio-dev >/dev/null
+fi
 echo "== installing (torch CPU build first, so nothing pulls a CUDA build)"
 python -m pip install -q --disable-pip-version-check torch==2.13.0
 python -m pip install -q --disable-pip-version-check -e ".[train,test,ray]"

@@ -24,6 +24,7 @@ def make_run(
     model: str = "tiny-llama",
     gpus: str = "1x2xA100",
     max_restarts: int = 0,
+    nvme_path: str | None = None,
     **training,
 ):
     arch = resolve_model(model)
@@ -45,7 +46,8 @@ def make_run(
         max_restarts=max_restarts,
     )
     cpu = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}  # as `--cpu` writes it
-    run_dir, argv = artifacts.write(root, run, arch, spec, cluster, explain="test run\n", env=cpu)
+    where = {"nvme_path": nvme_path} if nvme_path else {}  # else the emitter's default
+    run_dir, argv = artifacts.write(root, run, arch, spec, cluster, explain="test run\n", env=cpu, **where)
     return run_dir, argv
 
 
