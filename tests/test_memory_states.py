@@ -150,32 +150,25 @@ def test_cluster_sizes_scale_states():
     assert parse_gpus("8x8xH100").world_size == 64
 
 
-@pytest.mark.parametrize(
-    "hf",
-    [
-        dict(
-            model_type="llama",
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=300,
-        ),
-        dict(
-            model_type="mixtral",
-            hidden_size=64,
-            intermediate_size=96,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=300,
-            num_local_experts=4,
-            num_experts_per_tok=2,
-        ),
-    ],
-    ids=["llama", "mixtral-fused-experts"],
+_TINY_LLAMA = dict(
+    model_type="llama",
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=300,
 )
+_TINY_MIXTRAL = {
+    **_TINY_LLAMA,
+    "model_type": "mixtral",
+    "intermediate_size": 96,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+
+
+@pytest.mark.parametrize("hf", [_TINY_LLAMA, _TINY_MIXTRAL], ids=["llama", "mixtral-fused-experts"])
 def test_lora_trainable_count_is_what_peft_builds(hf):
     """all-linear on transformers >= 5: PEFT wraps fused expert weights and the router by their
     parameter (ParamWrapper, rank 2r for the fused gate+up); the count must be PEFT's own."""

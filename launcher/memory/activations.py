@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.memory.memo import ArchMemo
-from launcher.memory.states import bare_parameter, lora_targets
+from launcher.memory.states import bare_parameter, fused_experts, lora_targets
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
 
@@ -294,7 +294,7 @@ def selective_matmuls(
     for lin in arch.linears:
         width = lin.fan_out / spec.tp if lin.parallel == "column" else lin.fan_out
         fan_in = lin.fan_in / spec.tp if lin.parallel == "row" else lin.fan_in
-        fused = arch.experts > 1 and lin.count == arch.experts
+        fused = fused_experts(arch, lin)
         k = arch.experts_per_token if fused else 1
         is_mm = not fused and not lin.bias and arch.model_type != "gpt2"  # GPT-2: Conv1D, addmm
         if is_mm:
@@ -351,7 +351,7 @@ def _expert_weight_gradient(arch: ModelArch, spec: TrainSpec) -> float:
         (
             lin.count * lin.fan_in * lin.fan_out
             for lin in arch.linears
-            if lin.count == arch.experts and (spec.method == "full" or lin.name in targets)
+            if fused_experts(arch, lin) and (spec.method == "full" or lin.name in targets)
         ),
         default=0.0,
     )

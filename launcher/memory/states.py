@@ -54,12 +54,17 @@ def _shard(lin: Linear, tp: int) -> tuple[float, float, float]:
     return lin.fan_in, lin.fan_out, (lin.fan_out if lin.bias else 0)
 
 
+def fused_experts(arch: ModelArch, lin: Linear) -> bool:
+    """One of a mixture-of-experts block's fused 3-D expert weights (every expert in one tensor)."""
+    return arch.experts > 1 and lin.count == arch.experts
+
+
 def bare_parameter(arch: ModelArch, lin: Linear) -> bool:
     """This "linear" is a bare nn.Parameter, not an nn.Linear: the fused 3-D expert weights and
     the router of transformers >= 5 mixture-of-experts blocks. bitsandbytes quantises only
     nn.Linear, so QLoRA leaves these in the compute dtype; PEFT adapts them through the parameter
     (ParamWrapper), and every forward materialises W + scale * B @ A, kept for backward."""
-    return arch.experts > 1 and (lin.count == arch.experts or lin.role == "router")
+    return fused_experts(arch, lin) or (arch.experts > 1 and lin.role == "router")
 
 
 def lora_rank(arch: ModelArch, lin: Linear, r: int) -> int:
@@ -116,7 +121,7 @@ def _count_stage_params(
             quantizable += layers * lin.count * fin * fout
         other += layers * lin.count * bias
         largest = max(largest, lin.count * fin * fout)
-        if arch.experts > 1 and lin.count == arch.experts:
+        if fused_experts(arch, lin):
             experts_module += lin.count * fin * fout
         if spec.method == "full":
             trainable += layers * lin.count * (fin * fout + bias)

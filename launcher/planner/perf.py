@@ -105,11 +105,10 @@ class TokenFlops:
 
 
 def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
-    experts = arch.experts > 1
     mm = lora = 0.0
     targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
     for lin in arch.linears:
-        active = arch.experts_per_token if experts and lin.count == arch.experts else lin.count
+        active = arch.experts_per_token if S.fused_experts(arch, lin) else lin.count
         mm += active * lin.fan_in * lin.fan_out
         if lin.name in targets:
             lora += active * spec.lora_r * (lin.fan_in + lin.fan_out)
