@@ -2,11 +2,15 @@
 
 submit starts `python -m launcher.backends.supervise RUN_DIR` in a new session (its own process
 group), detached from ftlaunch: killing ftlaunch does not stop the job. job.json in the run dir
-records the supervisor's pid / process group; logs/exit_code records how the job ended.
+records who the job is (backends/procs.py: the supervisor's pid, boot and start time, and the token
+every process of the job carries); logs/exit_code records how the job ended. One job per run
+directory: the supervisor holds RUN_DIR/.job.lock for its life, and a launch is refused while it is
+held or while any process of the previous job still runs.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -15,13 +19,16 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
+from launcher.backends import procs
 from launcher.errors import FtlaunchError
 from launcher.rundir import read_new, write_atomic
 
 PREEMPTED = 75
 LOW_SPACE = 64 * 2**20  # below this, a failed job's status names the full disk
+SUPERVISOR_LOG = "supervisor.log"  # what the supervisor itself said (a job that could not start)
 
 
 class JobError(FtlaunchError):
@@ -32,74 +39,147 @@ def _job_file(run_dir: Path) -> Path:
     return run_dir / "job.json"
 
 
-def submit(run_dir: Path) -> dict:
-    run_dir = run_dir.resolve()
-    if (run_dir / "job.json").exists() and status(run_dir)["state"] in ("RUNNING",):
-        raise JobError(f"{run_dir.name} is already running; `ftlaunch cancel {run_dir}` first")
-    (run_dir / "logs" / "exit_code").unlink(missing_ok=True)
-    (run_dir / "cancel_requested").unlink(missing_ok=True)
-    env = dict(os.environ)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.backends.supervise", str(run_dir)],
-        cwd=run_dir,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    job = {
-        "backend": "torchrun",
-        "pid": proc.pid,
-        "pgid": proc.pid,
-        "host": socket.gethostname(),
-        "started": time.time(),
-    }
-    write_atomic(_job_file(run_dir), json.dumps(job, indent=2) + "\n")
+_LOCK = ".job.lock"
+
+
+def _try_lock(run_dir: Path) -> int | None:
+    """An fd holding the run directory's exclusive lock, or None while a job holds it."""
+    fd = os.open(run_dir / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _read_job(run_dir: Path) -> dict | None:
+    """job.json as written by submit; None if there is none; JobError if it is not ours."""
+    jf = _job_file(run_dir)
+    if not jf.exists():
+        return None
+    try:
+        if not jf.is_file():
+            raise ValueError("not a regular file")
+        job = json.loads(jf.read_bytes()[:65536])
+    except (OSError, ValueError) as exc:
+        raise JobError(f"{jf} is unreadable ({type(exc).__name__}); nothing was signalled") from None
+    if not isinstance(job, dict):
+        raise JobError(f"{jf} does not hold a job record; nothing was signalled")
     return job
 
 
-def _alive(pid: int) -> bool:
+def _record_problem(job: dict) -> str | None:
+    """Why a job record cannot be trusted to name the job's processes (None if it can)."""
+    pid, pgid, token = job.get("pid"), job.get("pgid"), job.get("token")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return f"its pid {pid!r} is not a process ftlaunch started"
+    if pgid != pid or not procs.safe_group(pgid):
+        return f"its process group {pgid!r} is not the supervisor's own ({pid})"
+    if not isinstance(token, str) or len(token) != 32:
+        return "it has no job token (written by an older ftlaunch, or edited)"
+    return None
+
+
+def _supervisor_alive(job: dict) -> bool:
+    """The recorded supervisor still runs: same pid, boot and start time, and it carries the token."""
+    return procs.is_same(job) and procs.carries(job["pid"], job["token"])
+
+
+def submit(run_dir: Path) -> dict:
+    run_dir = run_dir.resolve()
+    fd = _try_lock(run_dir)
+    if fd is None:
+        raise JobError(f"{run_dir.name} is already running (its job holds {_LOCK}); `ftlaunch cancel {run_dir}` first")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not running
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+        st = status(run_dir)
+        if st["state"] in ("RUNNING", "UNKNOWN"):
+            raise JobError(
+                f"{run_dir.name} is {st['state']}"
+                + (f" ({st['reason']})" if st.get("reason") else "")
+                + f"; `ftlaunch cancel {run_dir}` first"
+            )
+        (run_dir / "logs").mkdir(exist_ok=True)
+        (run_dir / "logs" / "exit_code").unlink(missing_ok=True)
+        (run_dir / "cancel_requested").unlink(missing_ok=True)
+        token = uuid.uuid4().hex
+        env = {**os.environ, procs.TOKEN_VAR: token}
+        with open(run_dir / "logs" / SUPERVISOR_LOG, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "launcher.backends.supervise", str(run_dir)],
+                cwd=run_dir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                pass_fds=(fd,),
+            )
+        job = {
+            "backend": "torchrun",
+            **procs.identity(proc.pid),  # our child, not reaped: its pid cannot be reused yet
+            "pgid": proc.pid,
+            "host": socket.gethostname(),
+            "token": token,
+            "run_dir": str(run_dir),
+            "started": time.time(),
+        }
+        write_atomic(_job_file(run_dir), json.dumps(job, indent=2) + "\n")
+    finally:
+        os.close(fd)
+    return job
 
 
 def _last_event(run_dir: Path) -> dict:
+    """The newest record of logs/metrics.jsonl (its last 64 KiB are read; bad lines skipped)."""
     path = run_dir / "logs" / "metrics.jsonl"
-    if not path.exists():
+    if not path.is_file():
         return {}
-    last = {}
-    for line in path.read_text().splitlines():
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    for line in reversed(lines):
         try:
-            last = json.loads(line)
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except ValueError:
             continue
-    return last
+        if isinstance(row, dict):
+            return row
+    return {}
+
+
+def _exit_code(path: Path) -> int | None:
+    """logs/exit_code as an integer; None if absent or not an integer (then the job failed)."""
+    try:
+        return int(path.read_bytes()[:64].decode().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def status(run_dir: Path) -> dict:
     run_dir = run_dir.resolve()
-    jf = _job_file(run_dir)
-    if not jf.exists():
-        return {"run": str(run_dir), "state": "NOT_STARTED"}
-    job = json.loads(jf.read_text())
-    out = {"run": str(run_dir), "backend": job.get("backend"), "pid": job.get("pid"), "host": job.get("host")}
-    code_file = run_dir / "logs" / "exit_code"
+    out = {"run": str(run_dir), "backend": "torchrun"}
+    try:
+        job = _read_job(run_dir)
+    except JobError as exc:
+        return {**out, "state": "UNKNOWN", "reason": str(exc).replace("; nothing was signalled", "")}
+    if job is None:
+        return {**out, "state": "NOT_STARTED"}
+    if job.get("run_dir") not in (None, str(run_dir)):
+        return {
+            **out,
+            "state": "NOT_STARTED",
+            "reason": f"job.json and logs/ were copied from {job['run_dir']}; `ftlaunch launch` starts this copy",
+        }
+    out.update(pid=job.get("pid"), host=job.get("host"))
     last = _last_event(run_dir)
-    if "step" in last:
+    if isinstance(last.get("step"), int):
         out["step"] = last["step"]
+    problem = _record_problem(job)
+    code_file = run_dir / "logs" / "exit_code"
     if code_file.exists():
-        code = int(code_file.read_text().strip() or 1)
-        out["exit_code"] = code
+        code = _exit_code(code_file)
+        out["exit_code"] = code if code is not None else "unreadable"
         if (run_dir / "cancel_requested").exists():
             out["state"] = "CANCELLED"
         elif code == 0:
@@ -108,14 +188,42 @@ def status(run_dir: Path) -> dict:
             out["state"] = "PREEMPTED"
         else:
             out["state"] = "FAILED"
-    elif job.get("host") != socket.gethostname():
-        out["state"] = "UNKNOWN"
-        out["reason"] = f"started on {job.get('host')}; check there"
-    elif _alive(int(job["pid"])):
+        return _disk_reason(run_dir, out)
+    if job.get("host") != socket.gethostname():
+        return {**out, "state": "UNKNOWN", "reason": f"started on {job.get('host')!r}; check there"}
+    if problem:
+        return {**out, "state": "UNKNOWN", "reason": f"job.json cannot be trusted: {problem}"}
+    left = procs.tagged(job["token"])
+    if _supervisor_alive(job):
         out["state"] = "RUNNING"
+    elif left:
+        out["state"] = "RUNNING"
+        out["reason"] = (
+            f"the supervisor is gone but {len(left)} process(es) of the job still run (pids "
+            f"{', '.join(map(str, left[:8]))}); `ftlaunch cancel {run_dir}` ends them"
+        )
+    elif (run_dir / "cancel_requested").exists():
+        out["state"] = "CANCELLED"
     else:
         out["state"] = "LOST"
         out["reason"] = "the supervisor is gone without recording an exit code (machine restart or SIGKILL)"
+        said = _last_line(run_dir / "logs" / SUPERVISOR_LOG)
+        if said:
+            out["reason"] += f"; it last said: {said}"
+    return _disk_reason(run_dir, out)
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = f.read().decode("utf-8", "replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+def _disk_reason(run_dir: Path, out: dict) -> dict:
     if out["state"] in ("FAILED", "LOST"):
         try:
             free = shutil.disk_usage(run_dir).free
@@ -129,27 +237,40 @@ def status(run_dir: Path) -> dict:
     return out
 
 
+def _wait_gone(job: dict, seconds: float) -> list[int]:
+    """Wait until neither the supervisor nor any process carrying the job's token runs."""
+    deadline = time.time() + seconds
+    while True:
+        left = procs.tagged(job["token"])
+        if not left and not _supervisor_alive(job):
+            return []
+        if time.time() >= deadline:
+            return left
+        time.sleep(0.2)
+
+
 def cancel(run_dir: Path, grace_s: float = 60.0) -> dict:
-    """SIGTERM the job's process group (ranks checkpoint and exit), SIGKILL after grace_s."""
+    """SIGTERM every process of the job (the ranks checkpoint and exit), SIGKILL what is left
+    after grace_s, then check that none is left. Only processes that carry the job's token are
+    signalled, each checked right before."""
     run_dir = run_dir.resolve()
     st = status(run_dir)
     if st["state"] != "RUNNING":
-        raise JobError(f"{run_dir.name} is {st['state']}, nothing to cancel")
+        raise JobError(
+            f"{run_dir.name} is {st['state']}" + (f" ({st['reason']})" if st.get("reason") else "")
+            + "; nothing was signalled"
+        )
+    job = _read_job(run_dir)
     write_atomic(run_dir / "cancel_requested", f"{time.time()}\n")
-    pgid = json.loads(_job_file(run_dir).read_text())["pgid"]
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return status(run_dir)
-    deadline = time.time() + grace_s
-    while time.time() < deadline:
-        if status(run_dir)["state"] != "RUNNING":
-            return status(run_dir)
-        time.sleep(0.5)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    procs.signal_tagged(job["token"], signal.SIGTERM)
+    if _wait_gone(job, grace_s):
+        procs.kill_all(job["token"])
+        left = _wait_gone(job, 10.0)
+        if left:
+            raise JobError(
+                f"{run_dir.name}: {len(left)} process(es) of the job survived SIGKILL (pids "
+                f"{', '.join(map(str, left[:8]))}); they may be stuck in the kernel (D state): check `ps`"
+            )
     return status(run_dir)
 
 

@@ -4,6 +4,10 @@ knows the outcome even when the ftlaunch process that started the job is gone.
 
 SIGTERM / SIGINT to the supervisor are passed on to the job's process group; the supervisor
 itself keeps waiting so the exit code is always written.
+
+`submit` hands it the run directory's lock (an open file holding an exclusive flock) as an
+inherited file descriptor; never closed, it is held for the supervisor's whole life and makes a
+second launch of the same run directory fail while this one runs. launch.sh does not inherit it.
 """
 
 from __future__ import annotations
