@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from launcher import spec as S
 from launcher.errors import InvalidSpecError
@@ -26,6 +27,31 @@ def _parser(kind: type, allow_zero: bool):
 
     parse.__name__ = f"{'non_negative' if allow_zero else 'positive'}_{kind.__name__}"
     return parse
+
+
+def at_most(parse, limit, what: str = ""):
+    """`parse`, and at most `limit` (or below it, for a float limit given as an open bound)."""
+
+    def bounded(text: str):
+        value = parse(text)
+        if value > limit or (isinstance(limit, float) and value >= limit):
+            bound = f"below {limit:g}" if isinstance(limit, float) else f"at most {limit:,}"
+            raise argparse.ArgumentTypeError(f"expected {bound}{what}, got {text!r}")
+        return value
+
+    bounded.__name__ = parse.__name__
+    return bounded
+
+
+def endpoint(text: str) -> str:
+    """HOST:PORT for a c10d rendezvous: a host name or IPv4 address (or [IPv6]) and a port 1-65535."""
+    host, sep, port = text.rpartition(":")
+    ok_host = bool(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\]", host))
+    if not sep or not ok_host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected HOST:PORT (e.g. node001:29500, the first node's address), got {text[:60]!r}"
+        )
+    return text
 
 
 positive_int = _parser(int, allow_zero=False)

@@ -49,11 +49,12 @@ class TrainingConfig(_Strict):
     init: Literal["pretrained", "random"] = "pretrained"  # random: build from config (tests, demos)
     max_steps: int = Field(50, ge=1, le=10_000_000)
     lr: float = Field(2e-4, gt=0, lt=1)
-    warmup_steps: int = Field(0, ge=0)
+    warmup_steps: int = Field(0, ge=0, le=10_000_000)
     weight_decay: float = Field(0.0, ge=0)
     save_every: int = Field(10, ge=1)
-    keep_last: int = Field(2, ge=1)
-    seed: int = 0
+    keep_last: int = Field(2, ge=1, le=1000)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    skip_bad_records: bool = False  # records that fit no format: skipped and counted, not an error
     log_every: int = Field(1, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
 
@@ -79,7 +80,7 @@ class RunFile(_Strict):
 
 
 def check_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RunDirError(
             f"run name {name[:40]!r} is not allowed: use 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"
             if isinstance(name, str)
@@ -95,18 +96,70 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     os.replace(tmp, path)
 
 
-def write_run_dir(root: Path, run: RunFile, files: dict[str, str], executable: tuple[str, ...] = ()) -> Path:
-    """Create `root/<name>` with plan.json and the given artifact files (name -> text)."""
+def _holds(run_dir: Path) -> str:
+    """What an existing run directory holds, in words (for the refusal to overwrite it)."""
+    have = []
+    if (run_dir / PLAN_FILE).is_file():
+        have.append(PLAN_FILE)
+    steps = sorted(d.name for d in (run_dir / "checkpoints").glob("step-*")) if (run_dir / "checkpoints").is_dir() else []
+    if steps:
+        have.append(f"{len(steps)} checkpoint(s), newest {steps[-1]}")
+    if (run_dir / "job.json").exists():
+        have.append("a job record (job.json)")
+    if (run_dir / "logs" / "metrics.jsonl").exists():
+        have.append("training logs")
+    return ", ".join(have) or "other files"
+
+
+def _check_replan(run_dir: Path, run: RunFile) -> None:
+    """--replan keeps the checkpoints, so the new plan must train the same model the same way."""
+    old = read_run_dir(run_dir)
+    if old.model.hf_config != run.model.hf_config:
+        raise RunDirError(
+            f"{run_dir} holds a run of {old.model.name}, not {run.model.name}: its checkpoints cannot resume "
+            "another model; choose another --name"
+        )
+    if old.spec.get("method") != run.spec.get("method"):
+        raise RunDirError(
+            f"{run_dir} holds a {old.spec.get('method')} run: its checkpoints cannot resume as "
+            f"{run.spec.get('method')}; choose another --name"
+        )
+
+
+def write_run_dir(
+    root: Path, run: RunFile, files: dict[str, str], executable: tuple[str, ...] = (), replan: bool = False
+) -> Path:
+    """Create `root/<name>` with plan.json and the given artifact files (name -> text).
+
+    An existing run directory is never written over, unless `replan` (the run planned again in
+    place, e.g. for another GPU count, keeping its checkpoints): then only its plan files change,
+    and only for the same model and method. Whether it is running is the caller's check."""
     check_name(run.name)
     run_dir = Path(root) / run.name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for sub in ("logs", "checkpoints", "output"):
-        (run_dir / sub).mkdir(exist_ok=True)
-    for fname, text in files.items():
+    for fname in files:
         if "/" in fname or fname.startswith("."):
             raise RunDirError(f"refusing to write {fname!r} outside the run directory")
-        write_atomic(run_dir / fname, text, 0o755 if fname in executable else 0o644)
-    write_atomic(run_dir / PLAN_FILE, json.dumps(run.model_dump(), indent=2, sort_keys=False) + "\n")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"{run_dir} exists and is not a directory; choose another --name or --runs-dir")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        if not replan:
+            raise RunDirError(
+                f"{run_dir} already exists ({_holds(run_dir)}); nothing was changed: choose another --name, "
+                "or add --replan to plan that run again in place (keeps its checkpoints)"
+            )
+        _check_replan(run_dir, run)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for sub in ("logs", "checkpoints", "output"):
+            (run_dir / sub).mkdir(exist_ok=True)
+        for fname, text in files.items():
+            write_atomic(run_dir / fname, text, 0o755 if fname in executable else 0o644)
+        write_atomic(run_dir / PLAN_FILE, json.dumps(run.model_dump(), indent=2, sort_keys=False) + "\n")
+    except OSError as exc:
+        raise RunDirError(
+            f"cannot write the run directory {run_dir}: {exc.strerror or type(exc).__name__}; "
+            "pick a writable --runs-dir"
+        ) from None
     return run_dir
 
 

@@ -25,6 +25,7 @@ def make_run(
     gpus: str = "1x2xA100",
     max_restarts: int = 0,
     nvme_path: str | None = None,
+    replan: bool = False,
     **training,
 ):
     arch = resolve_model(model)
@@ -47,7 +48,9 @@ def make_run(
     )
     cpu = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}  # as `--cpu` writes it
     where = {"nvme_path": nvme_path} if nvme_path else {}  # else the emitter's default
-    run_dir, argv = artifacts.write(root, run, arch, spec, cluster, explain="test run\n", env=cpu, **where)
+    run_dir, argv = artifacts.write(
+        root, run, arch, spec, cluster, explain="test run\n", env=cpu, replan=replan, **where
+    )
     return run_dir, argv
 
 

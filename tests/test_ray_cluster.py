@@ -66,7 +66,7 @@ def ray_run(root: Path, name: str, address: str, **training) -> Path:
     run = read_run_dir(run_dir)
     backend = {**run.backend, "name": "ray", "ray": {"address": address, "storage": None, "cpu": True}}
     run = run.model_copy(update={"backend": backend})
-    write_run_dir(root, run, ray_backend.files(run_dir, run))
+    write_run_dir(root, run, ray_backend.files(run_dir, run), replan=True)
     return run_dir
 
 

@@ -25,7 +25,9 @@ def test_two_ranks_then_one(tmp_path):
     run_dir, argv = make_run(tmp_path, "resized", TWO, max_steps=6, save_every=3, lr=1e-3)
     assert run_torchrun(argv).returncode == 0
     # the same run, planned again for one GPU: plan.json, ds_config.json and launch.sh change
-    run_dir, argv = make_run(tmp_path, "resized", ONE, gpus="1x1xA100", max_steps=10, save_every=5, lr=1e-3)
+    run_dir, argv = make_run(
+        tmp_path, "resized", ONE, gpus="1x1xA100", max_steps=10, save_every=5, lr=1e-3, replan=True
+    )
     proc = run_torchrun(argv)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     events = [json.loads(x) for x in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]

@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from launcher import options
 from launcher.errors import FtlaunchError
 
 DEFAULT_ROOT = Path("runs")
@@ -56,7 +57,12 @@ def add_parsers(sub) -> None:
     p.set_defaults(run_cmd=run_logs)
     p = sub.add_parser("cancel", help="stop a job (ranks checkpoint first)", description="Cancel a job.")
     p.add_argument("target", metavar="RUN", help="run directory or name under ./runs")
-    p.add_argument("--grace", type=float, default=60.0, help="seconds before SIGKILL (default 60)")
+    p.add_argument(
+        "--grace",
+        type=options.at_most(options.non_negative_float, 86400),
+        default=60.0,
+        help="seconds the ranks get to checkpoint before SIGKILL (default 60)",
+    )
     p.set_defaults(run_cmd=run_cancel)
     p = sub.add_parser(
         "preflight",
@@ -65,7 +71,12 @@ def add_parsers(sub) -> None:
         "all-reduce over every rank with the job's own launch command, naming the host that fails.",
     )
     p.add_argument("target", metavar="RUN", help="run directory or name under ./runs")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds for the all-reduce (default 60)")
+    p.add_argument(
+        "--timeout",
+        type=options.at_most(options.positive_float, 86400),
+        default=60.0,
+        help="seconds for the all-reduce (default 60)",
+    )
     p.add_argument("--no-allreduce", action="store_true", help="only the static checks")
     p.set_defaults(run_cmd=run_preflight)
     for name in ("launch", "status", "logs", "cancel", "preflight"):
@@ -96,6 +107,20 @@ def backend(run_dir: Path, launching: bool = False):
     return importlib.import_module(_BACKENDS[name])
 
 
+# states in which a run's job may still run or start: its run directory is not to be rewritten
+_ACTIVE = ("RUNNING", "PENDING", "REQUEUED", "UNKNOWN")
+
+
+def refuse_if_active(run_dir: Path, doing: str) -> None:
+    st = backend(run_dir).status(run_dir)
+    if st["state"] in _ACTIVE:
+        why = f" ({st['reason']})" if st.get("reason") else ""
+        raise FtlaunchError(
+            f"{run_dir.name} is {st['state']}{why}: {doing} is refused while its job may run; "
+            f"`ftlaunch cancel {run_dir}` first"
+        )
+
+
 def _print(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -106,7 +131,8 @@ def start(run_dir: Path, detach: bool, skip_preflight: bool) -> int:
     if not skip_preflight:
         from launcher.preflight import check_run_dir
 
-        check_run_dir(run_dir)
+        for note in check_run_dir(run_dir):
+            print(f"{run_dir.name}: note: {note}", flush=True)
     job = be.submit(run_dir)
     queued = f"queued as Slurm job {job['job_id']}" if "job_id" in job else "started"
     if "submission_id" in job:
@@ -181,8 +207,10 @@ def run_jobs(args) -> int:
 def run_preflight(args, run_dir: Path) -> int:
     from launcher.preflight import allreduce, check_run_dir
 
-    check_run_dir(run_dir)
+    notes = check_run_dir(run_dir)
     print(f"{run_dir.name}: run directory, data, model, GPUs and DeepSpeed ops ok")
+    for note in notes:
+        print(f"{run_dir.name}: note: {note}")
     if not args.no_allreduce:
         reports = allreduce(run_dir, args.timeout)
         slowest = max(r["seconds"] for r in reports)

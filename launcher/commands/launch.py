@@ -14,6 +14,8 @@ from pathlib import Path
 from launcher import options
 from launcher.errors import FtlaunchError
 
+MAX_STEPS = 10_000_000  # TrainingConfig's bound
+MAX_SEED = 2**32 - 1  # what every seeded generator the worker uses accepts
 HELP = "plan, write the run directory and start the fine-tune (the default command)"
 EPILOG = """examples:
   ftlaunch --model bloom-176b --gpus 8xA100 --dry-run             write runs/<name>/, print the command
@@ -66,26 +68,47 @@ def add_parser(sub) -> None:
         help="pretrained weights (default) or a model built from its config (demos, tests)",
     )
     t.add_argument(
-        "--max-steps", type=options.positive_int, default=50, metavar="N", help="optimizer steps (default 50)"
+        "--max-steps",
+        type=options.at_most(options.positive_int, MAX_STEPS),
+        default=50,
+        metavar="N",
+        help=f"optimizer steps (default 50, at most {MAX_STEPS:,})",
     )
     t.add_argument(
         "--lr",
-        type=options.positive_float,
+        type=options.at_most(options.positive_float, 1.0),
         metavar="LR",
-        help="peak learning rate (default 2e-5 full, 2e-4 LoRA)",
+        help="peak learning rate, below 1 (default 2e-5 full, 2e-4 LoRA)",
     )
-    t.add_argument("--warmup-steps", type=options.non_negative_int, default=0, metavar="N")
+    t.add_argument(
+        "--warmup-steps", type=options.at_most(options.non_negative_int, MAX_STEPS), default=0, metavar="N"
+    )
     t.add_argument(
         "--save-every",
-        type=options.positive_int,
+        type=options.at_most(options.positive_int, MAX_STEPS),
         default=10,
         metavar="N",
         help="checkpoint interval in steps (default 10)",
     )
     t.add_argument(
-        "--keep-last", type=options.positive_int, default=2, metavar="K", help="checkpoints kept (default 2)"
+        "--keep-last",
+        type=options.at_most(options.positive_int, 1000),
+        default=2,
+        metavar="K",
+        help="checkpoints kept (default 2)",
     )
-    t.add_argument("--seed", type=options.non_negative_int, default=0)
+    t.add_argument(
+        "--seed",
+        type=options.at_most(options.non_negative_int, MAX_SEED),
+        default=0,
+        help=f"random seed, 0-{MAX_SEED} (default 0)",
+    )
+    t.add_argument(
+        "--skip-bad-records",
+        action="store_true",
+        help="skip data records that fit no format (default: such a record is an error naming its line); "
+        "the count is reported",
+    )
     r = p.add_argument_group("run directory and launch")
     r.add_argument("--name", help="run name (default MODEL-METHOD-TIMESTAMP)")
     r.add_argument(
@@ -98,6 +121,13 @@ def add_parser(sub) -> None:
     r.add_argument(
         "--dry-run", action="store_true", help="write the run directory and print the command; start nothing"
     )
+    r.add_argument(
+        "--replan",
+        action="store_true",
+        help="plan an existing run (--name) again in place, e.g. for another GPU count: its checkpoints "
+        "stay and the job resumes from them; same model and method only, refused while it runs "
+        "(without it an existing run directory is never written over)",
+    )
     r.add_argument("--detach", action="store_true", help="start the job and return (default: follow its log)")
     r.add_argument(
         "--cpu",
@@ -106,13 +136,14 @@ def add_parser(sub) -> None:
     )
     r.add_argument(
         "--max-restarts",
-        type=options.non_negative_int,
+        type=options.at_most(options.non_negative_int, 1000),
         default=2,
         metavar="N",
         help="elastic restarts after a rank fails (default 2)",
     )
     r.add_argument(
         "--rdzv-endpoint",
+        type=options.endpoint,
         metavar="HOST:PORT",
         help="multi-node c10d rendezvous (run launch.sh on every node)",
     )
@@ -251,6 +282,13 @@ def run(args: argparse.Namespace) -> int:
         if args.name is not None
         else f"{arch.name}-{best.spec.method}-{time.strftime('%Y%m%d-%H%M%S')}"
     )
+    if args.replan:
+        existing = args.runs_dir / name
+        if not (existing / "plan.json").is_file():
+            raise FtlaunchError(f"--replan: there is no run {name!r} under {args.runs_dir} to plan again")
+        from launcher.commands.jobs import refuse_if_active
+
+        refuse_if_active(existing.resolve(), "planning it again")
     training = TrainingConfig(
         data=str(Path(args.data).resolve()) if args.data else None,
         tokenizer=args.tokenizer or (None if args.init == "random" else source),
@@ -261,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         save_every=args.save_every,
         keep_last=args.keep_last,
         seed=args.seed,
+        skip_bad_records=args.skip_bad_records,
     )
     run_file = artifacts.run_file(
         name,
@@ -288,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
         env=env,
         endpoint=args.rdzv_endpoint,
         nvme_path=args.nvme_path,
+        replan=args.replan,
     )
     command = f"bash {shlex.quote(str(run_dir / 'launch.sh'))}"
     if slurm is not None:

@@ -67,8 +67,10 @@ def write(
     env: dict[str, str] | None = None,
     endpoint: str | None = None,
     nvme_path: str = "/local_nvme",
+    replan: bool = False,
 ) -> tuple[Path, list[str]]:
-    """Write the run directory; returns it and the exact launch command."""
+    """Write the run directory (an existing one only with `replan`: rundir.write_run_dir); returns
+    it and the exact launch command."""
     run_dir = (Path(root) / run.name).resolve()
     ds = ds_config(
         arch, spec, run.dp, lr=run.training.lr, weight_decay=run.training.weight_decay, nvme_path=nvme_path
@@ -88,7 +90,7 @@ def write(
         max_restarts=run.backend.get("max_restarts", 0),
         run_id=run.name,
     )
-    files["launch.sh"] = torchrun.script(argv, env or {})
+    files["launch.sh"] = torchrun.script(argv, env or {}, run_dir)
     if run.backend.get("name") == "slurm":
         from launcher.backends import slurm_script
 
@@ -105,5 +107,5 @@ def write(
         from launcher.backends import ray
 
         files.update(ray.files(run_dir, run))
-    write_run_dir(root, run, files, executable=("launch.sh",))
+    write_run_dir(root, run, files, executable=("launch.sh",), replan=replan)
     return run_dir, argv
