@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import socket
 import subprocess
 from pathlib import Path
@@ -25,18 +24,26 @@ class PreflightError(FtlaunchError):
     pass
 
 
-def check_run_dir(run_dir: Path) -> None:
+def check_run_dir(run_dir: Path) -> list[str]:
+    """Raises PreflightError on what stops the job; returns notes on what it will work around
+    (a damaged checkpoint it will skip)."""
     run = read_run_dir(run_dir)
     spec = TrainSpec(**run.spec)
     for name in ("ds_config.json", "launch.sh"):
         if not (run_dir / name).is_file():
             raise PreflightError(f"{run_dir}/{name} is missing; write the run directory again with --dry-run")
     try:
-        json.loads((run_dir / "ds_config.json").read_text())
-    except json.JSONDecodeError:
+        ds = json.loads((run_dir / "ds_config.json").read_bytes()[: 16 * 2**20])
+    except (ValueError, OSError):
         raise PreflightError(
             f"{run_dir}/ds_config.json is not valid JSON; write it again with --dry-run"
         ) from None
+    differs = config_mismatch(spec, run.dp, ds)
+    if differs:
+        raise PreflightError(
+            f"{run_dir}/ds_config.json does not match plan.json ({differs}): the job would train something "
+            "other than the plan; write the run directory again (`--replan`) or undo the edit"
+        )
     cfg = run.training
     try:
         import torch
@@ -44,15 +51,52 @@ def check_run_dir(run_dir: Path) -> None:
         raise PreflightError(
             "the worker needs torch: pip install torch, then `pip install -e .[train]`"
         ) from None
+    from launcher.train.checkpoint import usable
     from launcher.train.data import read_records, tokenize
     from launcher.train.model import check_loadable
     from launcher.train.tokenizer import load_tokenizer
 
     check_loadable(spec, run.model.source, cfg.init, torch.cuda.is_available())
     tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
-    tokenize(read_records(cfg.data), tokenizer, spec.seq_len, cfg.data or "the demo data set")
+    source = cfg.data or "the demo data set"
+    examples = tokenize(read_records(cfg.data), tokenizer, spec.seq_len, source, cfg.skip_bad_records)
     check_gpus(run, cpu=_is_cpu_run(run_dir))
     check_ops(spec)
+    found, skipped = usable(run_dir / "checkpoints")
+    then = f"the job resumes from step {found[0]}" if found else "the job starts from step 0"
+    notes = [f"checkpoint step {step} is damaged ({why}): {then}" for step, why in skipped]
+    if examples.skipped or examples.no_target:
+        notes.append(examples.report(source))
+    return notes
+
+
+def config_mismatch(spec: TrainSpec, dp: int, ds: dict) -> str | None:
+    """The first setting where ds_config.json and plan.json disagree (None if none does)."""
+    if not isinstance(ds, dict):
+        return "it is not a JSON object"
+    zero = ds.get("zero_optimization") if isinstance(ds.get("zero_optimization"), dict) else {}
+    tp = ds.get("tensor_parallel", {}).get("autotp_size", 1) if isinstance(ds.get("tensor_parallel"), dict) else 1
+    enabled = {k: isinstance(ds.get(k), dict) and bool(ds[k].get("enabled")) for k in ("bf16", "fp16")}
+
+    def device(key: str) -> str:
+        sub = zero.get(key)
+        return sub.get("device", "none") if isinstance(sub, dict) else "none"
+
+    checks = (
+        ("train_micro_batch_size_per_gpu", ds.get("train_micro_batch_size_per_gpu"), spec.micro_batch),
+        ("gradient_accumulation_steps", ds.get("gradient_accumulation_steps"), spec.grad_accum),
+        ("train_batch_size", ds.get("train_batch_size"), spec.micro_batch * spec.grad_accum * dp * spec.tp),
+        ("zero_optimization.stage", zero.get("stage", 0), spec.zero_stage),
+        ("zero_optimization.offload_optimizer", device("offload_optimizer"), spec.offload_optimizer),
+        ("zero_optimization.offload_param", device("offload_param"), spec.offload_params),
+        ("tensor_parallel.autotp_size", tp, spec.tp),
+        ("bf16.enabled", enabled["bf16"], spec.precision in ("bf16", "bf16-pure")),
+        ("fp16.enabled", enabled["fp16"], spec.precision == "fp16"),
+    )
+    for key, got, want in checks:
+        if got != want:
+            return f"{key} is {got!r}, the plan says {want!r}"
+    return None
 
 
 def _is_cpu_run(run_dir: Path) -> bool:
@@ -110,8 +154,10 @@ def port_free(port: int, host: str = "0.0.0.0") -> bool:
 
 def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
     """Run the all-reduce check with the job's own torchrun options; returns the per-rank reports."""
-    argv = shlex.split((run_dir / "launch.sh").read_text().splitlines()[-1].removeprefix("exec "))
-    if "--rdzv-endpoint" in argv:
+    from launcher.backends import torchrun
+
+    argv, exported = torchrun.parse((run_dir / "launch.sh").read_text(errors="replace"), run_dir)
+    if "--rdzv-endpoint" in argv[:-1]:
         host, _, port = argv[argv.index("--rdzv-endpoint") + 1].rpartition(":")
         if (
             host in ("127.0.0.1", "localhost", socket.gethostname())
@@ -121,14 +167,15 @@ def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
             raise PreflightError(
                 f"rendezvous port {port} is already in use on this host; pick another --rdzv-endpoint"
             )
+    if "launcher.train" not in argv:
+        raise PreflightError(
+            f"{run_dir}/launch.sh does not start ftlaunch's worker (`-m launcher.train`); the all-reduce check "
+            "runs only with launch.sh as ftlaunch writes it (write it again with --dry-run, or --no-allreduce)"
+        )
     i = argv.index("launcher.train")
     argv = [*argv[:i], "launcher.train.allreduce_check", str(run_dir), str(timeout)]
     argv = [a for a in argv if a not in ("--tee", "3")]
-    env = dict(os.environ)
-    for line in (run_dir / "launch.sh").read_text().splitlines():
-        if line.startswith("export "):
-            k, _, v = line[7:].partition("=")
-            env[k] = shlex.split(v)[0] if v else ""
+    env = {**os.environ, **exported}
     out = run_dir / "logs" / "preflight"
     if out.exists():
         for f in out.glob("rank-*.json"):

@@ -21,6 +21,7 @@ from launcher import __version__
 from launcher.backends import slurm, slurm_cluster
 from launcher.backends.slurm_script import SlurmOptions, render
 from launcher.cli import main
+from launcher.train.checkpoint import write_manifest
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 TINY = ["--model", "tiny-llama", "--gpus", "2x2xA100", "--cpu", "--init", "random", "--zero-stage", "2"]
@@ -54,8 +55,10 @@ def test_golden_sbatch_scripts(name, tmp_path, capsys):
     script = (run_dir / "job.sbatch").read_text()
     # the dry run prints the exact script and the exact submit command
     assert script in out
-    assert f"submit command: sbatch --parsable {run_dir}/job.sbatch" in out
-    text = script.replace(str(run_dir), "<RUN_DIR>").replace(sys.executable, "<PYTHON>")
+    assert f"submit command: sbatch --parsable --chdir={run_dir} {run_dir}/job.sbatch" in out
+    # no path of the run directory is written into it: a copied or moved run dir submits itself
+    assert str(run_dir) not in script
+    text = script.replace(sys.executable, "<PYTHON>")
     text = text.replace(f"ftlaunch {__version__}", "ftlaunch <VERSION>")
     golden = GOLDEN / f"{name}.sbatch"
     if os.environ.get("FTLAUNCH_REGEN_GOLDEN") == "1":
@@ -90,6 +93,7 @@ def stubbed(tmp_path: Path, opts: SlurmOptions, nnodes: int = 2, runs: str = "ru
         run_dir, "r", nnodes, 2, 1, {"DS_ACCELERATOR": "cpu"}, opts, python=str(stub_dir / "torchrun")
     )
     (run_dir / "job.sbatch").write_text(script)
+    (run_dir / "plan.json").write_text("{}\n")  # the script checks it runs in a run directory
     return run_dir, stub_dir
 
 
@@ -112,6 +116,14 @@ def run_script(
     return subprocess.Popen(
         ["bash", str(run_dir / "job.sbatch")], cwd=run_dir, env=full, stdout=subprocess.PIPE, text=True
     )
+
+
+def test_submitted_from_elsewhere_the_script_refuses_to_run(tmp_path):
+    run_dir, stubs = stubbed(tmp_path, SlurmOptions())
+    full = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}", "STUB_LOG": str(stubs / "log")}
+    proc = subprocess.run(["bash", str(run_dir / "job.sbatch")], cwd=tmp_path, env=full, capture_output=True, text=True)
+    assert proc.returncode == 2 and "is not a run directory" in proc.stderr
+    assert not (stubs / "log").exists()  # nothing started
 
 
 def test_user_values_are_inert_and_reach_their_programs_verbatim(tmp_path):
@@ -307,9 +319,12 @@ def test_a_node_failure_is_named_in_the_status(job, node2, state, needle, tmp_pa
     the states it cannot reach (a job without --requeue, a node back before anyone asked)."""
     run_dir, _ = dry_run(tmp_path, "r", [*TINY, "--backend", "slurm"], capsys)
     (run_dir / "job.json").write_text('{"backend": "slurm", "job_id": "7"}\n')
-    for step in (5, 10):
+    for step in (5, 10, 12):
         (run_dir / "checkpoints" / f"step-{step:08d}").mkdir(parents=True)
+        (run_dir / "checkpoints" / f"step-{step:08d}" / "rank-00000.pt").write_bytes(b"state")
+        write_manifest(run_dir / "checkpoints" / f"step-{step:08d}")
     (run_dir / "checkpoints" / ".tmp-step-00000015").mkdir()  # an unfinished save does not count
+    (run_dir / "checkpoints" / "step-00000012" / "rank-00000.pt").unlink()  # nor a damaged one
     node1 = NODE.format(name="node1", state="MIXED", reason="(null)")
     _fake_slurm(monkeypatch, job, {"node1": node1, "node2": node2})
     st = slurm.status(run_dir)

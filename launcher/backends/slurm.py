@@ -1,7 +1,7 @@
 """The Slurm backend: submit a run directory's job.sbatch, then watch, follow and cancel the job.
 
 submit first checks the request against the cluster (launcher/backends/slurm_cluster.py), then
-runs exactly `sbatch --parsable RUN_DIR/job.sbatch` and records the job id in RUN_DIR/job.json.
+runs exactly `sbatch --parsable --chdir=RUN_DIR RUN_DIR/job.sbatch` and records the job id in RUN_DIR/job.json.
 status asks `squeue` while the job is queued or running, then `scontrol show job` (until Slurm
 forgets it, MinJobAge), then `sacct` where accounting is on, and last the exit code the batch
 script recorded in logs/exit_code. Slurm's states are mapped to ftlaunch's: PENDING, RUNNING,
@@ -132,9 +132,9 @@ def _unwell(nodelist: str) -> list[str]:
 
 
 def _resumes_from(run_dir: Path) -> str:
-    from launcher.train.checkpoint import latest
+    from launcher.train.checkpoint import usable
 
-    found = latest(run_dir / "checkpoints")
+    found, _ = usable(run_dir / "checkpoints")
     return f"checkpoint step {found[0]}" if found else "the start (no checkpoint yet)"
 
 

@@ -164,7 +164,9 @@ def directive(value: str) -> str:
 
 
 def submit_argv(run_dir: Path) -> list[str]:
-    return ["sbatch", "--parsable", str(Path(run_dir) / SCRIPT)]
+    """sbatch for job.sbatch, run from its run directory (the script names no absolute path of it:
+    a copied or moved run directory submits itself)."""
+    return ["sbatch", "--parsable", f"--chdir={Path(run_dir)}", str(Path(run_dir) / SCRIPT)]
 
 
 def render(
@@ -209,8 +211,8 @@ def render(
     if opts.container_image:  # pyxis; the run directory is mounted at the same path
         srun += [
             "--container-image=" + shlex.quote(opts.container_image),
-            "--container-mounts=" + shlex.quote(f"{run_dir}:{run_dir}"),
-            "--container-workdir=" + shlex.quote(str(run_dir)),
+            '--container-mounts="$RUN_DIR:$RUN_DIR"',
+            '--container-workdir="$RUN_DIR"',
         ]
     for key in env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
@@ -228,9 +230,9 @@ def render(
     jenv.filters.update(q=lambda v: shlex.quote(str(v)), directive=directive)
     return jenv.get_template(TEMPLATE).render(
         version=__version__,
+        script=SCRIPT,
         run_name=run_name,
-        run_dir=str(run_dir),
-        submit=shlex.join(submit_argv(run_dir)),
+        submit=f"cd RUN_DIR && sbatch {SCRIPT}  (what `ftlaunch launch RUN_DIR` runs)",
         job_name=opts.job_name or run_name,
         nodes=nnodes,
         gpus_per_node=gpus_per_node,
@@ -239,6 +241,6 @@ def render(
         shutdown_timeout=max(5, opts.signal_lead - 15),
         srun=srun,
         node_shim=NODE_SHIM,
-        torchrun=[_SHELL_WORDS.get(word) or shlex.quote(word) for word in argv],
+        torchrun=[_SHELL_WORDS.get(word) or torchrun.shell_word(word, str(run_dir)) for word in argv],
         preempted_code=PREEMPTED,
     )

@@ -62,14 +62,42 @@ def command(
     return argv
 
 
-def script(argv: list[str], env: dict[str, str]) -> str:
-    """launch.sh: the exact command, every word quoted."""
+_HERE = 'RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"'
+
+
+def shell_word(arg: str, run_dir: str) -> str:
+    """One shell word; the run directory is "$RUN_DIR", where the script finds itself."""
+    if arg == run_dir:
+        return '"$RUN_DIR"'
+    if arg.startswith(run_dir + "/"):
+        return '"$RUN_DIR"/' + shlex.quote(arg[len(run_dir) + 1 :])
+    return shlex.quote(arg)
+
+
+def script(argv: list[str], env: dict[str, str], run_dir: Path) -> str:
+    """launch.sh: the exact command, every word quoted. Paths inside the run directory are taken
+    from where the script lies, so a copied or moved run directory runs itself."""
     lines = [
         "#!/usr/bin/env bash",
         "# Written by ftlaunch: the exact command the torchrun backend runs.",
         "set -euo pipefail",
+        _HERE,
     ]
     for k, v in env.items():
         lines.append(f"export {k}={shlex.quote(v)}")
-    lines.append("exec " + " ".join(shlex.quote(a) for a in argv))
+    lines.append("exec " + " ".join(shell_word(a, str(run_dir)) for a in argv))
     return "\n".join(lines) + "\n"
+
+
+def parse(text: str, run_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The command and exported environment of a launch.sh, with $RUN_DIR as `run_dir`."""
+    env, argv = {}, []
+    for line in text.splitlines():
+        if line.startswith("export "):
+            k, _, v = line[7:].partition("=")
+            env[k] = shlex.split(v)[0] if v else ""
+        elif line.startswith("exec "):
+            argv = shlex.split(line.removeprefix("exec "))
+    here = str(run_dir)
+    argv = [here + a[len("$RUN_DIR") :] if a == "$RUN_DIR" or a.startswith("$RUN_DIR/") else a for a in argv]
+    return argv, env

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
 # Written by ftlaunch: the exact command the torchrun backend runs.
 set -euo pipefail
-exec <PYTHON> -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 8 --max-restarts 2 --log-dir <RUN_DIR>/logs/ranks --tee 3 -m launcher.train <RUN_DIR>
+RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+exec <PYTHON> -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 8 --max-restarts 2 --log-dir "$RUN_DIR"/logs/ranks --tee 3 -m launcher.train "$RUN_DIR"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Written by ftlaunch: the exact command the torchrun backend runs.
 set -euo pipefail
+RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 export DS_ACCELERATOR=cpu
 export OMP_NUM_THREADS=1
-exec <PYTHON> -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 --max-restarts 2 --log-dir <RUN_DIR>/logs/ranks --tee 3 -m launcher.train <RUN_DIR>
+exec <PYTHON> -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 --max-restarts 2 --log-dir "$RUN_DIR"/logs/ranks --tee 3 -m launcher.train "$RUN_DIR"
