@@ -3,6 +3,11 @@ rank has finished (a rename is atomic), keep-last-K, resume from the newest comp
 
 A directory named step-NNNNNNNN under checkpoints/ is complete by construction; `.tmp-*`
 directories are unfinished saves (a crash mid-save) and are removed at the next start.
+
+Each checkpoint also records what it holds (manifest.json: every file's size and a CRC-32 of up to
+three 1 MiB windows, head, middle and tail: cheap at any size, whole-file for small files). A start
+verifies the newest checkpoint against it and, if a file is missing, truncated or changed, falls
+back to the newest one that verifies, saying which and why.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 from launcher.errors import FtlaunchError
@@ -27,6 +33,8 @@ class CheckpointError(FtlaunchError):
 
 _TAG = re.compile(r"^step-(\d{8})$")
 LAYOUT = "layout.json"  # world size, TP degree and ZeRO stage the checkpoint was written with
+MANIFEST = "manifest.json"  # what the checkpoint holds: files, sizes, sampled CRC-32s
+_WINDOW = 1 << 20
 
 
 def tag_for(step: int) -> str:
@@ -46,6 +54,63 @@ def complete(root: Path) -> list[tuple[int, Path]]:
 def latest(root: Path) -> tuple[int, Path] | None:
     found = complete(root)
     return found[-1] if found else None
+
+
+def _crc(path: Path, size: int) -> int:
+    """CRC-32 of the head, middle and tail windows (the whole file when it is small)."""
+    crc = 0
+    with open(path, "rb") as f:
+        if size <= 3 * _WINDOW:
+            return zlib.crc32(f.read())
+        for offset in (0, size // 2 - _WINDOW // 2, size - _WINDOW):
+            f.seek(offset)
+            crc = zlib.crc32(f.read(_WINDOW), crc)
+    return crc
+
+
+def write_manifest(ckpt: Path) -> None:
+    files = {}
+    for f in sorted(ckpt.rglob("*")):
+        if f.is_file() and f.name != MANIFEST:
+            size = f.stat().st_size
+            files[str(f.relative_to(ckpt))] = {"size": size, "crc32": _crc(f, size)}
+    tmp = ckpt / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps({"files": files}, indent=1))
+    os.replace(tmp, ckpt / MANIFEST)
+
+
+def damage(ckpt: Path) -> str | None:
+    """Why a checkpoint cannot be resumed from (None if its files match its manifest)."""
+    try:
+        files = json.loads((ckpt / MANIFEST).read_text())["files"]
+        if not isinstance(files, dict):
+            raise ValueError
+    except FileNotFoundError:
+        return f"it has no {MANIFEST} (an unfinished save, or written by an older ftlaunch)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"its {MANIFEST} is unreadable"
+    for name, want in files.items():
+        path = ckpt / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if not isinstance(want, dict) or size != want.get("size"):
+            return f"{name} has {size} bytes, the save wrote {want.get('size') if isinstance(want, dict) else '?'}"
+        if _crc(path, size) != want.get("crc32"):
+            return f"{name} is not what the save wrote (checksum differs)"
+    return None
+
+
+def usable(root: Path) -> tuple[tuple[int, Path] | None, list[tuple[int, str]]]:
+    """The newest checkpoint that verifies, and the newer ones skipped (step, why)."""
+    skipped = []
+    for step, path in reversed(complete(root)):
+        why = damage(path)
+        if why is None:
+            return (step, path), skipped
+        skipped.append((step, why))
+    return None, skipped
 
 
 def clean_partial(root: Path) -> None:
@@ -72,6 +137,9 @@ def save(
         (tmp_dir / LAYOUT).write_text(json.dumps(layout))
     if rank == 0 and (root / tag).exists():  # this step saved by an earlier attempt
         shutil.rmtree(root / tag)
+    barrier()
+    if rank == 0:  # every rank's files are written: record them
+        write_manifest(tmp_dir)
     barrier()
     if int(os.environ.get("LOCAL_RANK", "0")) == 0 and tmp_dir.exists():
         # one rename per node: on a shared filesystem the first one wins, the rest find nothing

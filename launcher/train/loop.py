@@ -132,7 +132,11 @@ def train(run_dir: Path) -> int:
     torch.manual_seed(cfg.seed)
 
     tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
-    examples = tokenize(read_records(cfg.data), tokenizer, spec.seq_len, cfg.data or "the demo data set")
+    source = cfg.data or "the demo data set"
+    examples = tokenize(read_records(cfg.data), tokenizer, spec.seq_len, source, cfg.skip_bad_records)
+    if examples.skipped or examples.no_target:
+        _log(run_dir, rank, {"event": "data", "records": len(examples.input_ids), "skipped": examples.skipped,
+                             "no_target": examples.no_target})
     batches = Batches(examples, spec.micro_batch, spec.grad_accum, dp, cfg.seed, tokenizer.pad_token_id)
 
     hf_ds = None
@@ -150,7 +154,9 @@ def train(run_dir: Path) -> int:
 
     root = run_dir / "checkpoints"
     layout = {"world": world, "tp": spec.tp, "zero_stage": spec.zero_stage}
-    found = ckpt.latest(root)
+    found, skipped = ckpt.usable(root)
+    for step, why in skipped:
+        _log(run_dir, rank, {"event": "checkpoint_skipped", "step": step, "reason": why})
     load_root = root
     if found and (saved := ckpt.saved_layout(found[1])) and (saved["world"], saved["tp"]) != (world, spec.tp):
         # planned again for another GPU count: resume through DeepSpeed's universal checkpoint
