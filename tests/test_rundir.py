@@ -132,7 +132,11 @@ def test_data_with_no_usable_field(tmp_path, capsys):
     data = tmp_path / "bad.jsonl"
     data.write_text('{"question": "q", "answer": "a"}\n')
     msg = bad([*TINY, "--runs-dir", str(tmp_path), "--detach", "--data", str(data)], capsys)
-    assert "no usable records" in msg
+    assert "bad.jsonl line 1: a record with ['answer', 'question'], which fits no format" in msg
+    assert "--skip-bad-records" in msg
+    extra = ["--name", "skipping", "--skip-bad-records"]
+    msg = bad([*TINY, "--runs-dir", str(tmp_path), "--detach", "--data", str(data), *extra], capsys)
+    assert "no usable records" in msg and "1 skipped" in msg
 
 
 @pytest.mark.parametrize(

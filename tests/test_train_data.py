@@ -13,6 +13,11 @@ pytest.importorskip("transformers")
 ROWS = [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(10)]
 
 
+def recs(rows):
+    """Records as read_records returns them: (where, record)."""
+    return [(f"record {i + 1}", r) for i, r in enumerate(rows)]
+
+
 @pytest.fixture
 def tok():
     from launcher.train.tokenizer import byte_tokenizer
@@ -30,7 +35,7 @@ def test_formats(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "saved"))
     for name in ("d.jsonl", "d.json", "d.parquet", "saved"):
-        assert read_records(str(tmp_path / name)) == ROWS, name
+        assert [r for _, r in read_records(str(tmp_path / name))] == ROWS, name
     assert len(read_records(None)) > 100  # the shipped demo set
 
 
@@ -41,11 +46,70 @@ def test_bad_files(tmp_path, tok):
     with pytest.raises(DataError, match="cannot read"):
         read_records(str(tmp_path / "broken.jsonl"))
     with pytest.raises(DataError, match="no usable records"):
-        tokenize([{"question": "x"}], tok, 64, "f")
+        tokenize(recs([{"question": "x"}]), tok, 64, "f", skip_bad=True)
+
+
+def test_no_record_is_dropped_silently(tmp_path, tok):
+    """A record in no known format is an error naming its line; --skip-bad-records skips and counts."""
+    lines = [json.dumps(r) for r in ROWS[:3]] + ["", json.dumps({"messages": []}), json.dumps(ROWS[3])]
+    (tmp_path / "mixed.jsonl").write_text("\n".join(lines))
+    records = read_records(str(tmp_path / "mixed.jsonl"))
+    with pytest.raises(DataError, match=r"mixed.jsonl line 5: a record with \['messages'\]"):
+        tokenize(records, tok, 64, "mixed.jsonl")
+    ex = tokenize(records, tok, 64, "mixed.jsonl", skip_bad=True)
+    assert (len(ex.input_ids), ex.skipped, ex.no_target) == (4, 1, 0)
+    assert "4 record(s) used, 1 skipped" in ex.report("mixed.jsonl")
+    # a response that starts beyond --seq-len has nothing to learn from: counted, not hidden
+    ex = tokenize(recs([{"prompt": "p" * 100, "response": "r"}, ROWS[0]]), tok, 64, "f")
+    assert (len(ex.input_ids), ex.no_target) == (1, 1)
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("5", "holds a JSON int"),
+        ("null", "holds a JSON NoneType"),
+        ('{"data": 3}', "holds a JSON int"),
+        ("[" * 100000, "cannot read"),
+    ],
+)
+def test_json_files_that_hold_no_records(tmp_path, content, needle):
+    (tmp_path / "d.json").write_text(content)
+    with pytest.raises(DataError, match=needle):
+        read_records(str(tmp_path / "d.json"))
+
+
+def test_bom_utf16_fifo_and_huge_records(tmp_path):
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(ROWS[0]).encode())
+    assert [r for _, r in read_records(str(tmp_path / "bom.jsonl"))] == [ROWS[0]]
+    (tmp_path / "u16.jsonl").write_bytes(json.dumps(ROWS[0]).encode("utf-16"))
+    with pytest.raises(DataError, match="not UTF-8"):
+        read_records(str(tmp_path / "u16.jsonl"))
+    import os
+
+    os.mkfifo(tmp_path / "fifo.jsonl")  # reading it would hang for ever
+    with pytest.raises(DataError, match="not a regular file"):
+        read_records(str(tmp_path / "fifo.jsonl"))
+    (tmp_path / "big.jsonl").write_text(json.dumps({"text": "x" * (17 * 2**20)}))
+    with pytest.raises(DataError, match="line 1: a record over 16 MiB"):
+        read_records(str(tmp_path / "big.jsonl"))
+
+
+def test_a_long_record_costs_no_more_than_its_sequence(tok):
+    """Text past what --seq-len tokens can hold is never tokenised (a 10 MB record once cost 2 GB)."""
+    calls = []
+
+    def counting(text, **kw):
+        calls.append(len(text))
+        return tok(text, **kw)
+
+    counting.eos_token_id, counting.bos_token_id = tok.eos_token_id, tok.bos_token_id
+    ex = tokenize(recs([{"text": "y" * 10_000_000}]), counting, 64, "f")
+    assert len(ex.input_ids[0]) == 64 and max(calls) <= 64 * 64
 
 
 def test_prompt_is_masked_and_text_is_not(tok):
-    ex = tokenize([{"prompt": "abc", "response": "de"}, {"text": "xyz"}], tok, 64, "f")
+    ex = tokenize(recs([{"prompt": "abc", "response": "de"}, {"text": "xyz"}]), tok, 64, "f")
     first, second = ex.labels
     assert first[:4] == [-100] * 4  # <s> a b c \n are masked (5 tokens)
     assert sum(x != -100 for x in first) == 3  # d e </s>
@@ -53,7 +117,7 @@ def test_prompt_is_masked_and_text_is_not(tok):
 
 
 def test_batches_are_deterministic_and_disjoint(tok):
-    ex = tokenize(ROWS * 4, tok, 64, "f")
+    ex = tokenize(recs(ROWS * 4), tok, 64, "f")
     b = Batches(ex, micro=2, accum=2, dp=2, seed=0, pad_id=tok.pad_token_id)
     again = Batches(ex, micro=2, accum=2, dp=2, seed=0, pad_id=tok.pad_token_id)
     assert (b.get(3, 1, 1)[0]["input_ids"] == again.get(3, 1, 1)[0]["input_ids"]).all()
@@ -77,7 +141,7 @@ def test_padded_batches_without_a_mask_train_exactly_like_masked_ones(tok, confi
     import transformers
 
     rows = [{"text": "x" * n} for n in (30, 11, 4)]
-    inputs, tokens = Batches(tokenize(rows, tok, 64, "f"), 3, 1, 1, 0, tok.pad_token_id).get(0, 0, 0)
+    inputs, tokens = Batches(tokenize(recs(rows), tok, 64, "f"), 3, 1, 1, 0, tok.pad_token_id).get(0, 0, 0)
     real = inputs["labels"] != -100
     real[:, 0] = True  # <s>, the one unlabelled token of a text row
     assert set(inputs) == {"input_ids", "labels"} and tokens == int(real.sum()) < real.numel()

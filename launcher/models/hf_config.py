@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from pathlib import Path
 
 from launcher.errors import UnknownModelError
@@ -34,6 +35,8 @@ def arch_from_hf_config(config: dict, name: str) -> ModelArch:
             f"{name}: config.json must hold a JSON object; pass a Hugging Face config.json"
         )
     model_type = config.get("model_type")
+    if model_type is not None and not isinstance(model_type, str):
+        raise UnknownModelError(f"{name}: config.json's 'model_type' must be text, got {type(model_type).__name__}")
     if not model_type:
         raise UnknownModelError(
             f"{name}: config.json has no 'model_type'; pass a Hugging Face config.json "
@@ -45,7 +48,14 @@ def arch_from_hf_config(config: dict, name: str) -> ModelArch:
         raise UnknownModelError(
             f"{name}: model_type {model_type!r} is not supported; supported model types: {supported}"
         )
-    return builder(ConfigReader(config, name, canonical))
+    try:
+        return builder(ConfigReader(config, name, canonical))
+    except (TypeError, ValueError, AttributeError, KeyError, ZeroDivisionError, OverflowError) as exc:
+        # a value of the wrong type deep in an optional key (a list where a number goes, ...)
+        raise UnknownModelError(
+            f"{name}: config.json holds a value ftlaunch cannot use ({type(exc).__name__}: "
+            f"{str(exc)[:120]}); fix the config.json"
+        ) from None
 
 
 def load_hf_config(path_or_id: str) -> dict:
@@ -122,18 +132,38 @@ def find_in_hf_cache(hub_id: str) -> Path | None:
     return None
 
 
+MAX_CONFIG_BYTES = 4 * 2**20  # a config.json is a few KiB; anything this big is another file
+
+
 def _read_json(file: Path) -> dict:
     try:
-        with open(file, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise UnknownModelError(
-            f"{file}: not valid JSON ({e.msg}, line {e.lineno}); fix or replace the file"
-        ) from e
+        info = file.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise UnknownModelError(f"{file}: not a regular file; pass the model's config.json")
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise UnknownModelError(
+                f"{file}: {info.st_size / 2**20:.0f} MiB is no config.json (weights?); pass the model's config.json"
+            )
+        raw = file.read_bytes()
     except OSError as e:
         raise UnknownModelError(
             f"{file}: cannot be read ({e.strerror}); check the path and permissions"
-        ) from e
+        ) from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UnknownModelError(
+            f"{file}: not UTF-8 text (a weights file such as .safetensors, or another encoding); pass the "
+            "model's config.json"
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UnknownModelError(
+            f"{file}: not valid JSON ({e.msg}, line {e.lineno}); fix or replace the file"
+        ) from None
+    except (ValueError, RecursionError) as e:  # an integer too long to parse, nesting too deep
+        raise UnknownModelError(f"{file}: not usable JSON ({type(e).__name__}); fix or replace the file") from None
     if not isinstance(data, dict):
         raise UnknownModelError(f"{file}: does not hold a JSON object; pass a Hugging Face config.json")
     return data

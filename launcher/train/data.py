@@ -27,31 +27,65 @@ def demo_path() -> Path:
     return Path(str(resources.files("launcher.data").joinpath(DEMO)))
 
 
-def read_records(path: str | None) -> list[dict]:
+MAX_TEXT_FILE = 2 * 2**30  # JSON / JSONL are read whole; larger sets: parquet or a saved datasets dir
+MAX_RECORD = 16 * 2**20  # one JSONL line
+FORMATS = "prompt+response, instruction(+input)+output, or text"
+
+
+def read_records(path: str | None) -> list[tuple[str, object]]:
+    """The records of a data file, each with where it is ("line 7", "record 3") for errors."""
     p = demo_path() if path is None else Path(path)
-    if not p.exists():
-        raise DataError(f"data file {str(p)!r} does not exist; pass an existing JSONL / JSON / parquet file")
+    shown = repr(str(p))
     try:
+        if not p.exists():
+            raise DataError(f"data file {shown} does not exist; pass an existing JSONL / JSON / parquet file")
         if p.is_dir():
             from datasets import load_from_disk
 
             ds = load_from_disk(str(p))
             ds = ds["train"] if hasattr(ds, "keys") and "train" in ds else ds
-            return [dict(r) for r in ds]
+            return [(f"row {i + 1}", dict(r)) for i, r in enumerate(ds)]
+        if not p.is_file():
+            raise DataError(f"data file {shown} is not a regular file (a FIFO or device?); pass a file")
         if p.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            return pq.read_table(p).to_pylist()
-        text = p.read_text(encoding="utf-8")
+            return [(f"row {i + 1}", r) for i, r in enumerate(pq.read_table(p).to_pylist())]
+        if p.stat().st_size > MAX_TEXT_FILE:
+            raise DataError(
+                f"data file {shown} is over {MAX_TEXT_FILE >> 30} GiB, the limit for JSON / JSONL (read whole); "
+                "convert it to parquet or a saved datasets directory"
+            )
+        text = p.read_bytes().decode("utf-8-sig")  # a byte-order mark is allowed
         if p.suffix == ".json":
             rows = json.loads(text)
-            return rows["data"] if isinstance(rows, dict) and "data" in rows else rows
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    except (OSError, ValueError, ImportError) as exc:
-        raise DataError(f"cannot read data file {str(p)!r}: {str(exc).splitlines()[0][:200]}") from None
+            rows = rows["data"] if isinstance(rows, dict) and "data" in rows else rows
+            if not isinstance(rows, list):
+                raise DataError(
+                    f"data file {shown} holds a JSON {type(rows).__name__}, not a list of records "
+                    '(or {"data": [...]})'
+                )
+            return [(f"record {i + 1}", r) for i, r in enumerate(rows)]
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            if len(line) > MAX_RECORD:
+                raise DataError(f"{shown} line {n}: a record over {MAX_RECORD >> 20} MiB; split or shorten it")
+            try:
+                out.append((f"line {n}", json.loads(line)))
+            except (ValueError, RecursionError) as exc:
+                raise DataError(f"cannot read data file {shown}: line {n}: {str(exc)[:120]}") from None
+        return out
+    except DataError:
+        raise
+    except UnicodeDecodeError:
+        raise DataError(f"cannot read data file {shown}: not UTF-8 text; save it as UTF-8") from None
+    except (OSError, ValueError, ImportError, RecursionError) as exc:
+        raise DataError(f"cannot read data file {shown}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
 
 
-def _fields(row: dict) -> tuple[str, str] | None:
+def _fields(row) -> tuple[str, str] | None:
     """(prompt, response); prompt '' for plain text records."""
     if not isinstance(row, dict):
         return None
@@ -59,6 +93,8 @@ def _fields(row: dict) -> tuple[str, str] | None:
         return row["prompt"], row["response"]
     if isinstance(row.get("instruction"), str) and isinstance(row.get("output"), str):
         extra = row.get("input") or ""
+        if not isinstance(extra, str):
+            return None
         return row["instruction"] + ("\n" + extra if extra else ""), row["output"]
     if isinstance(row.get("text"), str):
         return "", row["text"]
@@ -69,15 +105,33 @@ def _fields(row: dict) -> tuple[str, str] | None:
 class Examples:
     input_ids: list[list[int]]
     labels: list[list[int]]
+    skipped: int = 0  # records that fit no format (with skip_bad_records)
+    no_target: int = 0  # records whose response starts beyond seq_len (nothing to learn from)
+
+    def report(self, source: str) -> str:
+        return (
+            f"{source}: {len(self.input_ids)} record(s) used, {self.skipped} skipped (no known format), "
+            f"{self.no_target} with no response token within the sequence length"
+        )
 
 
-def tokenize(records: list[dict], tokenizer, seq_len: int, source: str) -> Examples:
-    ids, labels = [], []
-    for row in records:
+def tokenize(records, tokenizer, seq_len: int, source: str, skip_bad: bool = False) -> Examples:
+    """Token ids and labels; a record that fits no format is an error naming where it is, unless
+    skip_bad (then it is counted). Text beyond what seq_len tokens can hold is not tokenised."""
+    ids, labels, skipped, no_target = [], [], 0, 0
+    chars = seq_len * 64  # no vocabulary has tokens this long on average: the cut never changes a result
+    for where, row in records:
         pair = _fields(row)
         if pair is None:
+            if not skip_bad:
+                keys = sorted(row)[:6] if isinstance(row, dict) else type(row).__name__
+                raise DataError(
+                    f"{source} {where}: a record with {keys}, which fits no format ({FORMATS}); "
+                    "fix it, or pass --skip-bad-records to skip such records"
+                )
+            skipped += 1
             continue
-        prompt, response = pair
+        prompt, response = pair[0][:chars], pair[1][:chars]
         p = tokenizer(prompt + ("\n" if prompt else ""), add_special_tokens=False)["input_ids"]
         r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         seq = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + p + r
@@ -86,11 +140,14 @@ def tokenize(records: list[dict], tokenizer, seq_len: int, source: str) -> Examp
         if any(x != IGNORE for x in lab):
             ids.append(seq)
             labels.append(lab)
+        else:
+            no_target += 1
     if not ids:
         raise DataError(
-            f"no usable records in {source}: each needs prompt+response, instruction+output, or text fields"
+            f"no usable records in {source}: each needs {FORMATS} fields, with a response that starts within "
+            f"--seq-len {seq_len} tokens ({skipped} skipped, {no_target} with no response token in reach)"
         )
-    return Examples(ids, labels)
+    return Examples(ids, labels, skipped, no_target)
 
 
 class Batches:
