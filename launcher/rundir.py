@@ -196,6 +196,29 @@ def new_run_file(**fields) -> RunFile:
     return RunFile(schema_version=SCHEMA_VERSION, ftlaunch_version=__version__, **fields)
 
 
+JOB_FILE = "job.json"  # written by a backend's submit: what identifies the job there
+
+
+def read_job(run_dir: str | Path, needs: dict[str, type]) -> dict | None:
+    """job.json as a backend wrote it (None if there is none). Unreadable, not an object, or
+    without the keys `needs` names (of those types): a one-line error, never a traceback."""
+    path = Path(run_dir) / JOB_FILE
+    if not path.exists():
+        return None
+    try:
+        if not path.is_file():
+            raise ValueError("not a regular file")
+        job = json.loads(path.read_bytes()[:65536])
+    except (OSError, ValueError, RecursionError) as exc:
+        raise RunDirError(f"{path} is unreadable ({type(exc).__name__}); nothing was done with it") from None
+    if not isinstance(job, dict):
+        raise RunDirError(f"{path} does not hold a job record; nothing was done with it")
+    for key, kind in needs.items():
+        if not isinstance(job.get(key), kind) or isinstance(job.get(key), bool):
+            raise RunDirError(f"{path} has no valid {key!r}; nothing was done with it")
+    return job
+
+
 def last_step(run_dir: str | Path) -> int | None:
     """The newest step in the run's logs/metrics.jsonl (None before the first one)."""
     path = Path(run_dir) / "logs" / "metrics.jsonl"

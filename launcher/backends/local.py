@@ -24,7 +24,7 @@ from pathlib import Path
 
 from launcher.backends import procs
 from launcher.errors import FtlaunchError
-from launcher.rundir import read_new, write_atomic
+from launcher.rundir import RunDirError, read_job, read_new, write_atomic
 
 PREEMPTED = 75
 LOW_SPACE = 64 * 2**20  # below this, a failed job's status names the full disk
@@ -54,19 +54,11 @@ def _try_lock(run_dir: Path) -> int | None:
 
 
 def _read_job(run_dir: Path) -> dict | None:
-    """job.json as written by submit; None if there is none; JobError if it is not ours."""
-    jf = _job_file(run_dir)
-    if not jf.exists():
-        return None
+    """job.json as submit wrote it; None if there is none; a one-line error if unreadable."""
     try:
-        if not jf.is_file():
-            raise ValueError("not a regular file")
-        job = json.loads(jf.read_bytes()[:65536])
-    except (OSError, ValueError) as exc:
-        raise JobError(f"{jf} is unreadable ({type(exc).__name__}); nothing was signalled") from None
-    if not isinstance(job, dict):
-        raise JobError(f"{jf} does not hold a job record; nothing was signalled")
-    return job
+        return read_job(run_dir, {})
+    except RunDirError as exc:
+        raise JobError(str(exc).replace("nothing was done with it", "nothing was signalled")) from None
 
 
 def _record_problem(job: dict) -> str | None:

@@ -35,10 +35,9 @@ from pathlib import Path
 import launcher
 from launcher import __version__
 from launcher.errors import FtlaunchError
-from launcher.rundir import RunFile, last_step, write_atomic
+from launcher.rundir import JOB_FILE, RunFile, last_step, read_job, write_atomic
 
 REQUEST_FILE = "ray_job.json"
-JOB_FILE = "job.json"
 ENTRYPOINT = "python -m launcher.backends.ray_entry"
 MAX_UPLOAD_MIB = 100  # Ray refuses packages over 512 MiB and warns far below; big files belong on storage
 TIMEOUT_S = 5.0
@@ -303,10 +302,10 @@ def submit(run_dir: Path) -> dict:
 
 
 def _job(run_dir: Path) -> dict:
-    path = Path(run_dir) / JOB_FILE
-    if not path.is_file():
+    job = read_job(run_dir, {"submission_id": str, "address": str, "cluster_run_dir": str})
+    if job is None:
         raise RayError(f"{Path(run_dir).name} has not been submitted to Ray (no {JOB_FILE})")
-    return json.loads(path.read_text())
+    return job
 
 
 def status(run_dir: Path) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.backends import slurm_cluster
 from launcher.backends.slurm_cluster import SlurmError
 from launcher.backends.slurm_script import PREEMPTED, SCRIPT, SlurmOptions, submit_argv
-from launcher.rundir import last_step, read_new, read_run_dir, write_atomic
+from launcher.rundir import last_step, read_job, read_new, read_run_dir, write_atomic
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED")
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED")
@@ -48,8 +48,10 @@ def _job_file(run_dir: Path) -> Path:
 
 
 def _job(run_dir: Path) -> dict | None:
-    path = _job_file(run_dir)
-    return json.loads(path.read_text()) if path.exists() else None
+    job = read_job(run_dir, {"job_id": str})
+    if job is not None and not job["job_id"].isdigit():
+        raise SlurmError(f"{_job_file(run_dir)}: job_id {job['job_id'][:20]!r} is not a Slurm job id")
+    return job
 
 
 def log_path(run_dir: Path, job_id: str) -> Path:

@@ -95,13 +95,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 def backend(run_dir: Path, launching: bool = False):
     """The backend module (submit / status / follow / cancel) of a run directory: plan.json's
     when launching, then job.json's (any backend reports a run without a job as NOT_STARTED)."""
-    from launcher.rundir import read_run_dir
+    from launcher.rundir import RunDirError, read_job, read_run_dir
 
-    job = run_dir / "job.json"
-    if launching:
+    name = None
+    if not launching:
+        try:
+            name = (read_job(run_dir, {}) or {}).get("backend")
+        except RunDirError:
+            pass  # the backend's own status says what is wrong with it
+    if not isinstance(name, str):  # launching, or a job record that does not say: the plan's
         name = read_run_dir(run_dir).backend.get("name", "torchrun")
-    else:
-        name = json.loads(job.read_text()).get("backend", "torchrun") if job.is_file() else "torchrun"
     if name not in _BACKENDS:
         raise FtlaunchError(f"{run_dir.name}: unknown backend {name!r}; write the run directory again")
     return importlib.import_module(_BACKENDS[name])
@@ -173,6 +176,14 @@ def run_cancel(args, run_dir: Path) -> int:
     return 0
 
 
+def _row(run_dir: Path) -> dict:
+    """One run's status for `jobs`; a run whose files are broken is listed, not fatal to the list."""
+    try:
+        return backend(run_dir).status(run_dir)
+    except FtlaunchError as exc:
+        return {"run": str(run_dir), "state": "UNKNOWN", "reason": str(exc)}
+
+
 def run_jobs(args) -> int:
     """Runs under --runs-dir that have a job, and ftlaunch jobs in the Slurm queue (and, with --address,
     on that Ray cluster) from elsewhere."""
@@ -184,7 +195,7 @@ def run_jobs(args) -> int:
         from launcher.backends import slurm
 
         dirs += [Path(q["run"]) for q in slurm.queue() if Path(q["run"]) not in dirs]
-    rows = [backend(d).status(d) for d in dirs]
+    rows = [_row(d) for d in dirs]
     if args.address:
         from launcher.backends import ray
 
@@ -194,10 +205,10 @@ def run_jobs(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for st in rows:
-        job = st.get("job_id") or st.get("submission_id") or st.get("pid") or "-"
+        job = str(st.get("job_id") or st.get("submission_id") or st.get("pid") or "-")[:20]
         step = st.get("step", "-")
         print(
-            f"{Path(st['run']).name:40} {st.get('backend', '-'):9} {st['state']:11} job {job:<8} step {step}"
+            f"{Path(st['run']).name:40} {str(st.get('backend', '-')):9} {st['state']:11} job {job:<8} step {step}"
         )
     if not rows:
         print(f"no jobs under {args.runs_dir}")

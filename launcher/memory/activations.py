@@ -71,6 +71,8 @@ def activation_fn(arch: ModelArch) -> str:
     act = cfg.get("hidden_act") or cfg.get("activation_function") or cfg.get("activation")
     if arch.gated_mlp:
         return "silu"
+    if not isinstance(act, str):  # absent, or a config.json value of another type
+        return "gelu"
     act = _ACT_ALIASES.get(act, act)
     return act if act in _ACT_SAVED else "gelu"
 
@@ -105,7 +107,7 @@ def unfused_attention(arch: ModelArch, spec: TrainSpec) -> bool:
 def _dropout(arch: ModelArch, *keys: str) -> float:
     for k in keys:
         v = arch.hf_config.get(k)
-        if isinstance(v, int | float):
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1:
             return float(v)
     return 0.0
 

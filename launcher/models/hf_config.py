@@ -68,7 +68,7 @@ def load_hf_config(path_or_id: str) -> dict:
                 f"{path}: directory has no config.json; pass the model directory or its config.json"
             )
         return _read_json(file)
-    if path.is_file():
+    if path.exists():  # a file, or something that is not one (refused in one line)
         return _read_json(path)
     file = find_in_hf_cache(path_or_id)
     if file is None:
