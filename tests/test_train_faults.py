@@ -182,3 +182,32 @@ def test_cancel_mid_run_checkpoints_first(tmp_path, monkeypatch):
     assert any(e["event"] == "preempted" for e in ev)
     saved = [e["step"] for e in ev if e["event"] == "checkpoint"]
     assert saved and (run_dir / "checkpoints" / f"step-{saved[-1]:08d}").is_dir()
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, reference):
+    """One file of the newest checkpoint deleted: preflight names it, the resume skips it for the
+    previous complete checkpoint (saying which and why), and the curve from there is the
+    untouched run's."""
+    from launcher.preflight import check_run_dir
+
+    run_dir, argv = make_run(tmp_path, "damaged", SPEC, max_steps=8, save_every=4, keep_last=3, lr=1e-3)
+    assert run_torchrun(argv).returncode == 0
+    newest = run_dir / "checkpoints" / "step-00000008"
+    victim = next(f for f in sorted(newest.rglob("*.pt")) if "optim" in f.name)
+    victim.unlink()
+    run_dir, argv = make_run(
+        tmp_path, "damaged", SPEC, max_steps=12, save_every=4, keep_last=3, lr=1e-3, replan=True
+    )
+    notes = check_run_dir(run_dir)
+    assert any("checkpoint step 8 is damaged" in n and victim.name in n and "resumes from step 4" in n for n in notes)
+    proc = run_torchrun(argv)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ev = events(run_dir)
+    skipped = [e for e in ev if e["event"] == "checkpoint_skipped"]
+    assert [e["step"] for e in skipped] == [8] and victim.name in skipped[0]["reason"]
+    assert [e["step"] for e in ev if e["event"] == "resumed"] == [4]
+    got = curve(run_dir)
+    assert sorted(got) == list(range(1, 13))
+    for step in range(5, 13):  # steps 5..8 trained again, from step 4's state: as if never damaged
+        assert got[step] == pytest.approx(reference[step], abs=1e-4), step
+    assert (run_dir / "checkpoints" / "step-00000008" / "manifest.json").is_file()  # saved again, whole

@@ -103,6 +103,22 @@ def _peak_memory() -> dict:
     }
 
 
+def _plan_lr(engine, lr: float) -> float | None:
+    """After a resume: the checkpoint's optimizer and scheduler bring back the peak learning rate
+    the run was saved with; a run planned again with another one (--replan --lr) trains with the
+    plan's. Returns the saved one where it differed."""
+    sched = engine.lr_scheduler
+    saved = sched.base_lrs[0] if sched is not None and sched.base_lrs else None
+    if saved is None or abs(saved - lr) <= 1e-12 * lr:
+        return None
+    sched.base_lrs = [lr for _ in sched.base_lrs]
+    sched._last_lr = [lr * f(sched.last_epoch) for f in sched.lr_lambdas]  # what step() would set
+    for group, value in zip(engine.optimizer.param_groups, sched._last_lr, strict=False):
+        group["lr"] = value
+        group["initial_lr"] = lr
+    return saved
+
+
 def train(run_dir: Path) -> int:
     import deepspeed
     import torch
@@ -178,6 +194,9 @@ def train(run_dir: Path) -> int:
         _restore_rng(ckpt.load_rank_state(path))
         start = step
         _log(run_dir, rank, {"event": "resumed", "step": step})
+        was = _plan_lr(engine, cfg.lr)
+        if was is not None:
+            _log(run_dir, rank, {"event": "lr_changed", "step": step, "from": was, "to": cfg.lr})
 
     def barrier():
         torch.distributed.barrier()
