@@ -224,17 +224,33 @@ def last_step(run_dir: str | Path) -> int | None:
     path = Path(run_dir) / "logs" / "metrics.jsonl"
     step = None
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for line in path.read_bytes().decode("utf-8", "replace").splitlines():
             try:
-                step = json.loads(line).get("step", step)
-            except (json.JSONDecodeError, AttributeError):
+                row = json.loads(line)
+            except (ValueError, RecursionError):
                 continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                step = row["step"]
     return step
+
+
+def read_exit_code(run_dir: str | Path) -> tuple[bool, int | None]:
+    """(whether logs/exit_code exists, its integer); None for one that holds no integer (or is no
+    regular file: a FIFO there must not hang the reader)."""
+    path = Path(run_dir) / "logs" / "exit_code"
+    if not path.exists():
+        return False, None
+    try:
+        if not path.is_file():
+            return True, None
+        return True, int(path.read_bytes()[:64].decode().strip())
+    except (OSError, ValueError):
+        return True, None
 
 
 def read_new(path: Path, pos: int) -> tuple[str, int]:
     """The text appended to a log file since byte `pos`, and the new position."""
-    if not path.exists():
+    if not path.is_file():  # absent, or a FIFO / device that reading would hang on
         return "", pos
     with open(path, "rb") as f:
         f.seek(pos)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from launcher.backends import procs
 from launcher.errors import FtlaunchError
-from launcher.rundir import RunDirError, read_job, read_new, write_atomic
+from launcher.rundir import RunDirError, read_exit_code, read_job, read_new, write_atomic
 
 PREEMPTED = 75
 LOW_SPACE = 64 * 2**20  # below this, a failed job's status names the full disk
@@ -140,14 +140,6 @@ def _last_event(run_dir: Path) -> dict:
     return {}
 
 
-def _exit_code(path: Path) -> int | None:
-    """logs/exit_code as an integer; None if absent or not an integer (then the job failed)."""
-    try:
-        return int(path.read_bytes()[:64].decode().strip())
-    except (OSError, ValueError):
-        return None
-
-
 def status(run_dir: Path) -> dict:
     run_dir = run_dir.resolve()
     out = {"run": str(run_dir), "backend": "torchrun"}
@@ -168,9 +160,8 @@ def status(run_dir: Path) -> dict:
     if isinstance(last.get("step"), int):
         out["step"] = last["step"]
     problem = _record_problem(job)
-    code_file = run_dir / "logs" / "exit_code"
-    if code_file.exists():
-        code = _exit_code(code_file)
+    ended, code = read_exit_code(run_dir)
+    if ended:
         out["exit_code"] = code if code is not None else "unreadable"
         if (run_dir / "cancel_requested").exists():
             out["state"] = "CANCELLED"

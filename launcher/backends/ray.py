@@ -147,7 +147,13 @@ def read_request(run_dir: Path) -> dict:
         raise RayError(
             f"{run_dir} has no {REQUEST_FILE}; write it with `ftlaunch ... --backend ray --dry-run`"
         )
-    return json.loads(path.read_text())
+    try:
+        request = json.loads(path.read_bytes()[: 16 * 2**20])
+    except (OSError, ValueError, RecursionError):
+        request = None
+    if not isinstance(request, dict) or not isinstance(request.get("train"), dict):
+        raise RayError(f"{path} is not a Ray job request ftlaunch wrote; write it again with --dry-run --replan")
+    return request
 
 
 def _excluded(rel: Path, patterns: list[str]) -> bool:

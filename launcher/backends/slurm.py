@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.backends import slurm_cluster
 from launcher.backends.slurm_cluster import SlurmError
 from launcher.backends.slurm_script import PREEMPTED, SCRIPT, SlurmOptions, submit_argv
-from launcher.rundir import last_step, read_job, read_new, read_run_dir, write_atomic
+from launcher.rundir import last_step, read_exit_code, read_job, read_new, read_run_dir, write_atomic
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED")
 ACTIVE = ("PENDING", "RUNNING", "REQUEUED")
@@ -187,10 +187,9 @@ def status(run_dir: Path) -> dict:
             if trouble:
                 out["reason"] = trouble
         return out
-    code_file = run_dir / "logs" / "exit_code"
-    if code_file.exists():
-        code = int(code_file.read_text().strip() or 1)
-        out["exit_code"] = code
+    ended, code = read_exit_code(run_dir)
+    if ended:
+        out["exit_code"] = code if code is not None else "unreadable"
         out["state"] = "COMPLETED" if code == 0 else "PREEMPTED" if code == PREEMPTED else "FAILED"
     elif cancelled:
         out["state"] = "CANCELLED"
