@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -73,3 +74,12 @@ def run_torchrun(argv: list[str], timeout: int = 600) -> subprocess.CompletedPro
 
 def python() -> str:
     return sys.executable
+
+
+def digests(root: Path) -> dict[str, str]:
+    """sha256 of every file under root, by relative path (to show a tree is byte-identical)."""
+    return {
+        str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for f in sorted(root.rglob("*"))
+        if f.is_file()
+    }

@@ -5,7 +5,6 @@ starts, and numeric flags out of range are one line."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 
 from launcher.backends import local, procs
 from launcher.cli import main
-from tests.runs import ROOT, cpu_env
+from tests.runs import ROOT, cpu_env, digests
 
 TINY = ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "random"]
 
@@ -35,27 +34,19 @@ def error(argv, capsys) -> str:
     return err[0]
 
 
-def digest(root) -> dict[str, str]:
-    return {
-        str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
-        for f in sorted(root.rglob("*"))
-        if f.is_file()
-    }
-
-
 def test_a_used_run_name_is_never_written_over(tmp_path, capsys):
     assert dry(tmp_path, capsys) == 0
     run_dir = tmp_path / "r"
     (run_dir / "checkpoints" / "step-00000004").mkdir()
     (run_dir / "logs" / "metrics.jsonl").write_text('{"step": 4, "loss": 1.0}\n')
-    before = digest(run_dir)
+    before = digests(run_dir)
     msg = error([*TINY, "--dry-run", "--name", "r", "--runs-dir", str(tmp_path), "--lr", "1e-3"], capsys)
     assert "already exists" in msg and "step-00000004" in msg and "--replan" in msg
-    assert digest(run_dir) == before
+    assert digests(run_dir) == before
     # the launch command too (plan, write, start): nothing written, nothing started
     msg = error([*TINY, "--detach", "--name", "r", "--runs-dir", str(tmp_path)], capsys)
     assert "already exists" in msg and not (run_dir / "job.json").exists()
-    assert digest(run_dir) == before
+    assert digests(run_dir) == before
 
 
 def test_replan_keeps_the_checkpoints_and_refuses_another_model(tmp_path, capsys):
@@ -65,7 +56,7 @@ def test_replan_keeps_the_checkpoints_and_refuses_another_model(tmp_path, capsys
     assert dry(tmp_path, capsys, "--replan", "--lr", "1e-3") == 0
     assert json.loads((run_dir / "plan.json").read_text())["training"]["lr"] == 1e-3
     assert (run_dir / "checkpoints" / "step-00000004").is_dir()
-    before = digest(run_dir)
+    before = digests(run_dir)
     other = ["--model", "tiny-bloom", "--gpus", "1x2xA100", "--cpu", "--init", "random"]
     msg = error([*other, "--dry-run", "--name", "r", "--runs-dir", str(tmp_path), "--replan"], capsys)
     assert "holds a run of tiny-llama" in msg
@@ -73,7 +64,7 @@ def test_replan_keeps_the_checkpoints_and_refuses_another_model(tmp_path, capsys
     assert "holds a full run" in msg
     msg = error([*TINY, "--dry-run", "--name", "nothing", "--runs-dir", str(tmp_path), "--replan"], capsys)
     assert "there is no run 'nothing'" in msg
-    assert digest(run_dir) == before
+    assert digests(run_dir) == before
 
 
 def test_replan_is_refused_while_the_job_runs(tmp_path, capsys):
@@ -86,10 +77,10 @@ def test_replan_is_refused_while_the_job_runs(tmp_path, capsys):
         job.update(host=os.uname().nodename, run_dir=str(run_dir.resolve()))
         (run_dir / "job.json").write_text(json.dumps(job))
         assert local.status(run_dir)["state"] == "RUNNING"
-        before = digest(run_dir)
+        before = digests(run_dir)
         msg = error([*TINY, "--dry-run", "--name", "r", "--runs-dir", str(tmp_path), "--replan"], capsys)
         assert "is RUNNING" in msg and "refused while its job may run" in msg
-        assert digest(run_dir) == before
+        assert digests(run_dir) == before
     finally:
         rank.kill()
         rank.wait()

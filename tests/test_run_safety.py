@@ -5,7 +5,6 @@ run name in use is never written over."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ import pytest
 from launcher.backends import local, procs
 from launcher.cli import main
 from launcher.spec import TrainSpec
-from tests.runs import cpu_env, make_run
+from tests.runs import cpu_env, digests, make_run
 from tests.test_train_faults import curve, events, started_steps, wait_done, wait_for
 
 pytest.importorskip("deepspeed")
@@ -27,14 +26,6 @@ SPEC = TrainSpec(zero_stage=2, micro_batch=2, seq_len=64)
 
 def rank_pids(run_dir) -> list[int]:
     return [int(f.read_text()) for f in sorted((run_dir / "logs" / "pids").glob("rank-*"))]
-
-
-def tree_digest(root) -> dict[str, str]:
-    return {
-        str(f.relative_to(root)): hashlib.sha256(f.read_bytes()).hexdigest()
-        for f in sorted(root.rglob("*"))
-        if f.is_file()
-    }
 
 
 @pytest.fixture
@@ -73,7 +64,7 @@ def test_a_copied_run_trains_itself_and_a_moved_one_launches(tmp_path, cpu, caps
     a, _ = make_run(runs, "A", SPEC, max_steps=6, save_every=3, lr=1e-3)
     local.submit(a)
     assert wait_done(a)["state"] == "SUCCEEDED"
-    before = tree_digest(a)
+    before = digests(a)
     # cp -r runs/A runs/B, then plan B again with another learning rate and more steps
     b = runs / "B"
     shutil.copytree(a, b, symlinks=True)
@@ -81,7 +72,7 @@ def test_a_copied_run_trains_itself_and_a_moved_one_launches(tmp_path, cpu, caps
     make_run(runs, "B", SPEC, max_steps=9, save_every=3, lr=5e-4, replan=True)
     local.submit(b)
     assert wait_done(b)["state"] == "SUCCEEDED", (b / "logs" / "launcher.log").read_text()[-2000:]
-    assert tree_digest(a) == before  # the original is byte-identical
+    assert digests(a) == before  # the original is byte-identical
     got = curve(b)
     assert sorted(got) == list(range(1, 10))
     ev = events(b)
@@ -101,4 +92,4 @@ def test_a_copied_run_trains_itself_and_a_moved_one_launches(tmp_path, cpu, caps
     assert wait_done(c)["state"] == "SUCCEEDED", (c / "logs" / "launcher.log").read_text()[-2000:]
     assert sorted(curve(c)) == list(range(1, 11))
     assert (c / "output" / "final.json").is_file()
-    assert tree_digest(a) == before
+    assert digests(a) == before

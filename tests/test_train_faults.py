@@ -3,7 +3,6 @@ cancel mid-run. No step is lost or repeated and the last complete checkpoint alw
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -14,7 +13,7 @@ import pytest
 from launcher.backends import local
 from launcher.models.catalog import CATALOG
 from launcher.spec import TrainSpec
-from tests.runs import cpu_env, make_run, run_torchrun
+from tests.runs import cpu_env, digests, make_run, run_torchrun
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -101,14 +100,6 @@ def proc_state(pid: int) -> str:
             return f.read().split(")")[-1].split()[0]
     except FileNotFoundError:
         return "gone"
-
-
-def digests(ckpt) -> dict[str, str]:
-    return {
-        str(f.relative_to(ckpt)): hashlib.sha256(f.read_bytes()).hexdigest()
-        for f in sorted(ckpt.rglob("*"))
-        if f.is_file()
-    }
 
 
 def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_path, monkeypatch):
