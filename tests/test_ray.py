@@ -38,6 +38,19 @@ def one_line_error(argv: list[str], capsys) -> str:
     return err[0]
 
 
+def test_a_moved_run_directory_uploads_itself(tmp_path, capsys):
+    """ray_job.json names the run directory it uploads; launched from elsewhere, it is written
+    again for where the run is now (never uploading the original)."""
+    run_dir, _ = dry_run(tmp_path, capsys, "--address", CLOSED)
+    moved = tmp_path / "moved" / "r"
+    moved.parent.mkdir()
+    run_dir.rename(moved)
+    one_line_error(["launch", str(moved), "--skip-preflight"], capsys)  # nothing answers at CLOSED
+    request = json.loads((moved / "ray_job.json").read_text())
+    assert request["runtime_env"]["working_dir"] == str(moved)
+    assert request["train"]["storage"] == str(moved.parent)
+
+
 def test_dry_run_writes_and_prints_the_exact_request(tmp_path, capsys):
     run_dir, out = dry_run(tmp_path, capsys, "--address", "http://head:8265")
     request = json.loads((run_dir / "ray_job.json").read_text())

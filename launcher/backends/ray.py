@@ -35,7 +35,7 @@ from pathlib import Path
 import launcher
 from launcher import __version__
 from launcher.errors import FtlaunchError
-from launcher.rundir import JOB_FILE, RunFile, last_step, read_job, write_atomic
+from launcher.rundir import JOB_FILE, RunFile, last_step, read_job, read_run_dir, write_atomic
 
 REQUEST_FILE = "ray_job.json"
 ENTRYPOINT = "python -m launcher.backends.ray_entry"
@@ -278,6 +278,11 @@ def submit(run_dir: Path) -> dict:
     """Check, upload and submit the run directory's ray_job.json; job.json records the job."""
     run_dir = Path(run_dir).resolve()
     request = read_request(run_dir)
+    if request.get("runtime_env", {}).get("working_dir") != str(run_dir):
+        # written for another place (a copied or moved run directory): the request is ours to
+        # write, so it is written again for where the run is now, which is what gets uploaded
+        write_atomic(run_dir / REQUEST_FILE, files(run_dir, read_run_dir(run_dir))[REQUEST_FILE])
+        request = read_request(run_dir)
     address = resolve_address(request.get("address"))
     if (run_dir / JOB_FILE).exists() and status(run_dir)["state"] in ACTIVE:
         raise RayError(f"{run_dir.name} is already running; `ftlaunch cancel {run_dir}` first")
