@@ -86,11 +86,13 @@ def submit(run_dir: Path) -> dict:
     try:
         st = status(run_dir)
         if st["state"] in ("RUNNING", "UNKNOWN"):
-            raise JobError(
-                f"{run_dir.name} is {st['state']}"
-                + (f" ({st['reason']})" if st.get("reason") else "")
-                + f"; `ftlaunch cancel {run_dir}` first"
+            todo = (
+                f"`ftlaunch cancel {run_dir}` first"
+                if st["state"] == "RUNNING"
+                else f"if that job is gone (check `ps`), remove {_job_file(run_dir)} and launch again"
             )
+            why = f" ({st['reason']})" if st.get("reason") else ""
+            raise JobError(f"{run_dir.name} is {st['state']}{why}; {todo}")
         (run_dir / "logs").mkdir(exist_ok=True)
         (run_dir / "logs" / "exit_code").unlink(missing_ok=True)
         (run_dir / "cancel_requested").unlink(missing_ok=True)
