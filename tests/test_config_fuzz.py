@@ -23,7 +23,7 @@ VALUES = st.recursive(
     | st.integers(min_value=-(2**70), max_value=2**70)
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=12)
-    | st.sampled_from([0, 1, 2, 3, 64, 10**30, "llama", "gpt2", "32"]),
+    | st.sampled_from([0, 1, 2, 3, 64, 10**30, 2**63, 10**400, "llama", "gpt2", "32"]),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=6,
 )

@@ -175,6 +175,8 @@ def test_run_directory_files_of_any_content(
         path.unlink(missing_ok=True)
         if content is not None:
             path.write_bytes(content)
+    fuzzed = {str(run_dir / rel) for rel in paths}
+    tree = {str(f) for f in tmp_path.rglob("*")} - fuzzed
     st_ = local.status(run_dir)
     assert st_["state"] in ("NOT_STARTED", "UNKNOWN", "LOST", "FAILED", "SUCCEEDED", "CANCELLED", "PREEMPTED")
     # other backends' records ask Slurm / Ray, which are not here: one line, exit 2
@@ -184,6 +186,7 @@ def test_run_directory_files_of_any_content(
     if cancel:
         assert one_line(["cancel", str(run_dir), "--grace", "0"], capsys)[0] == 2
     assert bystander.poll() is None
+    assert {str(f) for f in tmp_path.rglob("*")} - fuzzed == tree  # nothing written
 
 
 def test_garbage_exit_code_is_a_failure_not_a_crash(run_dir, bystander, capsys):

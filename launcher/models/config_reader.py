@@ -13,6 +13,8 @@ from launcher.errors import UnknownModelError
 from launcher.models.arch import ModelArch
 
 _MISSING: Any = object()
+# no size, count or length of a real model comes near this; past it, float arithmetic overflows
+MAX_COUNT = 2**40
 
 # tie_word_embeddings when config.json does not say (transformers' config class defaults).
 TIE_DEFAULTS = {
@@ -56,9 +58,10 @@ class ConfigReader:
                 f"{self.name}: config.json (model_type {self.model_type!r}) has no {keys[0]!r}{also}; "
                 "pass the model's complete Hugging Face config.json"
             )
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_COUNT:
+            shown = repr(value) if len(repr(value)) < 40 else repr(value)[:37] + "..."
             raise UnknownModelError(
-                f"{self.name}: config.json key {keys[0]!r} must be a positive integer, got {value!r}; "
+                f"{self.name}: config.json key {keys[0]!r} must be a positive integer up to 2^40, got {shown}; "
                 "fix the config.json"
             )
         return value
@@ -83,8 +86,9 @@ class ConfigReader:
     def arch(self, **fields: Any) -> ModelArch:
         for key in ("kv_heads", "head_dim", "ffn", "max_positions"):
             value, least = fields[key], 0 if key == "max_positions" else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise self.fail(f"gives {key} = {value!r}, not a positive integer; fix the config.json")
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= MAX_COUNT:
+                shown = repr(value) if len(repr(value)) < 40 else repr(value)[:37] + "..."
+                raise self.fail(f"gives {key} = {shown}, not a positive integer up to 2^40; fix the config.json")
         heads, kv = fields["heads"], fields["kv_heads"]
         if kv <= 0 or heads % kv:
             raise self.fail(
