@@ -151,7 +151,7 @@ def read_request(run_dir: Path) -> dict:
         request = json.loads(path.read_bytes()[: 16 * 2**20])
     except (OSError, ValueError, RecursionError):
         request = None
-    if not isinstance(request, dict) or not isinstance(request.get("train"), dict):
+    if not isinstance(request, dict) or not isinstance(request.get("train"), dict):  # edited or broken
         raise RayError(f"{path} is not a Ray job request ftlaunch wrote; write it again with --dry-run --replan")
     return request
 
@@ -278,11 +278,9 @@ def submit(run_dir: Path) -> dict:
     """Check, upload and submit the run directory's ray_job.json; job.json records the job."""
     run_dir = Path(run_dir).resolve()
     request = read_request(run_dir)
-    if request.get("runtime_env", {}).get("working_dir") != str(run_dir):
-        # written for another place (a copied or moved run directory): the request is ours to
-        # write, so it is written again for where the run is now, which is what gets uploaded
+    if request.get("runtime_env", {}).get("working_dir") != str(run_dir):  # copied or moved here:
         write_atomic(run_dir / REQUEST_FILE, files(run_dir, read_run_dir(run_dir))[REQUEST_FILE])
-        request = read_request(run_dir)
+        request = read_request(run_dir)  # written again for this place, which is what is uploaded
     address = resolve_address(request.get("address"))
     if (run_dir / JOB_FILE).exists() and status(run_dir)["state"] in ACTIVE:
         raise RayError(f"{run_dir.name} is already running; `ftlaunch cancel {run_dir}` first")
