@@ -23,5 +23,7 @@ python -m pip install -q --disable-pip-version-check --no-deps llm-analysis==0.2
 python -m pip install -q --disable-pip-version-check "fire>=0.5"
 echo "== ruff"
 ruff check launcher tests bench
+echo "== DeepSpeed's CPU ops (JIT-built once here, not inside a test's timeout)"
+python tests/build_ops.py
 echo "== pytest"
 python -m pytest -q "$@"
