@@ -13,14 +13,28 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 OPS = ["ShareMemCommBuilder", "CPUAdamBuilder", "FusedAdamBuilder", "PinMemoryBuilder", "AsyncIOBuilder"]
 
 
+def clear_stale_locks() -> None:
+    """A build killed mid-way (a session or CI run cut off) leaves its `lock` file behind, and every
+    later build of that op waits for it for ever. Nothing else builds while this runs."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    for lock in sorted(Path(root).glob("**/lock")):
+        print(f"  removing a stale build lock: {lock}", flush=True)
+        lock.unlink(missing_ok=True)
+
+
 def main() -> int:
     from deepspeed.accelerator import get_accelerator
+
+    clear_stale_locks()
 
     acc = get_accelerator()
     for name in OPS:
