@@ -144,9 +144,7 @@ def files(run_dir: Path, run: RunFile) -> dict[str, str]:
 def read_request(run_dir: Path) -> dict:
     path = Path(run_dir) / REQUEST_FILE
     if not path.is_file():
-        raise RayError(
-            f"{run_dir} has no {REQUEST_FILE}; write it with `ftlaunch ... --backend ray --dry-run`"
-        )
+        raise RayError(f"{run_dir} has no {REQUEST_FILE}; write it with `ftlaunch ... --backend ray --dry-run`")
     try:
         request = json.loads(path.read_bytes()[: 16 * 2**20])
     except (OSError, ValueError, RecursionError):
