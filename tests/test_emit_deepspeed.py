@@ -10,10 +10,12 @@ import socket
 
 import pytest
 
-from launcher.emit.deepspeed import TEMPLATES, ds_config, template_name
+from launcher import templates
+from launcher.emit.deepspeed import ds_config, template_name
 from launcher.errors import InvalidSpecError
 from launcher.models.catalog import resolve_model
 from launcher.spec import TrainSpec
+from tests.runs import ROOT
 
 deepspeed = pytest.importorskip("deepspeed")
 
@@ -78,7 +80,7 @@ GRID = list(grid())
 def test_grid_is_broad():
     assert len(GRID) >= 150
     assert {s.zero_stage for s in GRID} == {0, 1, 2, 3}
-    assert {template_name(s) for s in GRID} == {p.stem for p in TEMPLATES.glob("*.json")}
+    assert {template_name(s) for s in GRID} == {n.removesuffix(".json") for n in templates.names(templates.DS_CONFIGS, ".json")}
 
 
 @pytest.mark.parametrize(
@@ -128,7 +130,19 @@ def test_no_auto_left_anywhere():
 
 
 def test_reference_templates_are_valid_json_with_documented_families():
-    readme = (TEMPLATES / "README.md").read_text()
-    for path in TEMPLATES.glob("*.json"):
-        json.loads(path.read_text())
-        assert path.name in readme
+    readme = templates.read(templates.DS_CONFIGS, "README.md")
+    for name in templates.names(templates.DS_CONFIGS, ".json"):
+        json.loads(templates.read(templates.DS_CONFIGS, name))
+        assert name in readme
+
+
+def test_a_missing_template_is_one_line_naming_the_fix():
+    with pytest.raises(templates.MissingTemplateError, match=r"ds_configs/zero9\.json is missing .*reinstall"):
+        templates.read(templates.DS_CONFIGS, "zero9.json")
+
+
+def test_the_package_templates_are_the_top_level_folders():
+    """One copy: launcher/templates/ links to ds_configs/ and slurm/ (what the wheel ships)."""
+    for folder in (templates.DS_CONFIGS, templates.SLURM):
+        link = ROOT / "launcher" / "templates" / folder
+        assert link.is_symlink() and link.resolve() == (ROOT / folder).resolve()

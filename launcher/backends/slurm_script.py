@@ -15,10 +15,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from launcher import __version__
+from launcher import __version__, templates
 from launcher.errors import InvalidSpecError
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "slurm"
 TEMPLATE = "job.sbatch.j2"
 SCRIPT = "job.sbatch"
 PREEMPTED = 75  # the worker's exit code after a checkpoint on SIGTERM / SIGUSR1
@@ -217,10 +216,7 @@ def render(
     for key in env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             raise SlurmSpecError(f"{key[:40]!r} is not an environment variable name")
-    if not (TEMPLATE_DIR / TEMPLATE).is_file():
-        raise SlurmSpecError(f"the sbatch template {TEMPLATE_DIR / TEMPLATE} is missing; reinstall ftlaunch")
     jenv = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -228,7 +224,7 @@ def render(
         autoescape=False,
     )
     jenv.filters.update(q=lambda v: shlex.quote(str(v)), directive=directive)
-    return jenv.get_template(TEMPLATE).render(
+    return jenv.from_string(templates.read(templates.SLURM, TEMPLATE)).render(
         version=__version__,
         script=SCRIPT,
         run_name=run_name,

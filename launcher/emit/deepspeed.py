@@ -26,20 +26,19 @@ from __future__ import annotations
 import copy
 import json
 from functools import cache
-from pathlib import Path
 
+from launcher import templates
 from launcher.errors import InvalidSpecError
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "ds_configs"
 DEFAULT_NVME_PATH = "/local_nvme"
 DEFAULT_LR = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
 
 
 @cache
 def _load(name: str) -> dict:
-    return json.loads((TEMPLATES / f"{name}.json").read_text())
+    return json.loads(templates.read(templates.DS_CONFIGS, f"{name}.json"))
 
 
 def template_name(spec: TrainSpec) -> str:
