@@ -26,4 +26,4 @@ ruff check launcher tests bench
 echo "== DeepSpeed's CPU ops (JIT-built once here, not inside a test's timeout)"
 python tests/build_ops.py
 echo "== pytest"
-python -m pytest -q "$@"
+python -m pytest -q --durations=20 "$@"
