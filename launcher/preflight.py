@@ -49,8 +49,9 @@ def check_run_dir(run_dir: Path) -> list[str]:
         import torch
     except ImportError:
         raise PreflightError(
-            "the worker needs torch: pip install torch, then `pip install -e .[train]`"
+            "the worker needs torch: pip install torch, then pip install 'ftlaunch[train]'"
         ) from None
+    check_versions()
     from launcher.train.checkpoint import usable
     from launcher.train.data import read_records, tokenize
     from launcher.train.model import check_loadable
@@ -101,6 +102,32 @@ def config_mismatch(spec: TrainSpec, dp: int, ds: dict) -> str | None:
 
 def _is_cpu_run(run_dir: Path) -> bool:
     return "DS_ACCELERATOR=cpu" in (run_dir / "launch.sh").read_text()
+
+
+def check_versions() -> None:
+    """The worker's dependencies (ftlaunch's train extra) are installed at versions it is tested with:
+    a site's preinstalled DeepSpeed 0.14 starts no rank on a CPU, for one, and fails only in the ranks."""
+    from importlib import metadata
+
+    try:
+        requires = metadata.requires("ftlaunch") or []
+    except metadata.PackageNotFoundError:
+        return  # a source tree that is not installed declares nothing to check against
+    from packaging.requirements import Requirement
+
+    for text in requires:
+        req = Requirement(text)
+        if req.marker is None or not req.marker.evaluate({"extra": "train"}):
+            continue
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            raise PreflightError(f"the worker needs {req.name}{req.specifier}: pip install 'ftlaunch[train]'") from None
+        if not req.specifier.contains(have, prereleases=True):
+            raise PreflightError(
+                f"{req.name} {have} is installed, ftlaunch's worker is tested with {req.name}{req.specifier}: "
+                f"pip install '{req.name}{req.specifier}' (or --skip-preflight to try it anyway)"
+            )
 
 
 def check_gpus(run, cpu: bool) -> None:

@@ -75,3 +75,22 @@ def test_a_pipeline_run_dir_is_refused_before_any_rank_starts(tmp_path, capsys, 
     assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pipeline parallelism" in err[0] and "without --pp" in err[0]
+
+
+def test_the_installed_worker_dependencies_meet_the_declared_bounds():
+    from launcher.preflight import check_versions
+
+    check_versions()  # this suite's own install: every train dependency within pyproject's range
+
+
+def test_a_worker_dependency_older_than_its_bound_is_named_with_the_fix(tmp_path, capsys, cpu, monkeypatch):
+    """As on a cluster with a preinstalled DeepSpeed 0.14 (its CPU ranks die on a missing IPEX)."""
+    from importlib import metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "0.14.0" if name == "deepspeed" else real(name))
+    run_dir, _ = make_run(tmp_path, "old", TrainSpec(zero_stage=2, micro_batch=2, seq_len=64))
+    assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "deepspeed 0.14.0 is installed" in err and "pip install 'deepspeed>=0.16.4'" in err

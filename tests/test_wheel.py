@@ -49,16 +49,21 @@ def floors() -> list[str]:
     return pins
 
 
-def clean_env() -> dict[str, str]:
-    """The environment of a shell a user opens: no PYTHONPATH or virtual environment of the suite's."""
+def clean_env(extensions: Path | None = None) -> dict[str, str]:
+    """The environment of a shell a user opens: no PYTHONPATH or virtual environment of the suite's.
+    `extensions`: DeepSpeed's JIT-built ops go there. The build directory is named after the op
+    alone and rebuilt whenever the flags (which name the venv) change, so sharing the suite's
+    would make each venv rebuild the other's ops, inside some later test's timeout."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix))
+    if extensions:
+        env["TORCH_EXTENSIONS_DIR"] = str(extensions)
     return env
 
 
-def sh(argv, cwd: Path, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
+def sh(argv, cwd: Path, timeout: float, check: bool = True, extensions: Path | None = None):
     proc = subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=clean_env(), capture_output=True, text=True, timeout=timeout
+        [str(a) for a in argv], cwd=cwd, env=clean_env(extensions), capture_output=True, text=True, timeout=timeout
     )
     if check:
         assert proc.returncode == 0, f"{argv[:4]} exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -81,7 +86,7 @@ class Install:
         self.ftlaunch = root / "bin" / "ftlaunch"
 
     def run(self, *args, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        return sh([self.ftlaunch, *args], cwd=self.work, timeout=timeout, check=check)
+        return sh([self.ftlaunch, *args], self.work, timeout, check, extensions=self.root / "torch_extensions")
 
 
 @pytest.fixture(scope="module")
