@@ -55,7 +55,9 @@ def clean_env(extensions: Path | None = None) -> dict[str, str]:
     alone and rebuilt whenever the flags (which name the venv) change, so sharing the suite's
     would make each venv rebuild the other's ops, inside some later test's timeout."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix))
+    env["PATH"] = os.pathsep.join(
+        p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(sys.prefix)
+    )
     if extensions:
         env["TORCH_EXTENSIONS_DIR"] = str(extensions)
     return env
@@ -63,10 +65,17 @@ def clean_env(extensions: Path | None = None) -> dict[str, str]:
 
 def sh(argv, cwd: Path, timeout: float, check: bool = True, extensions: Path | None = None):
     proc = subprocess.run(
-        [str(a) for a in argv], cwd=cwd, env=clean_env(extensions), capture_output=True, text=True, timeout=timeout
+        [str(a) for a in argv],
+        cwd=cwd,
+        env=clean_env(extensions),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check:
-        assert proc.returncode == 0, f"{argv[:4]} exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, (
+            f"{argv[:4]} exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc
 
 
@@ -86,21 +95,41 @@ class Install:
         self.ftlaunch = root / "bin" / "ftlaunch"
 
     def run(self, *args, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-        return sh([self.ftlaunch, *args], self.work, timeout, check, extensions=self.root / "torch_extensions")
+        return sh(
+            [self.ftlaunch, *args], self.work, timeout, check, extensions=self.root / "torch_extensions"
+        )
 
 
-@pytest.fixture(scope="module")
-def install(dists, tmp_path_factory) -> Install:
-    root = tmp_path_factory.mktemp("venv")
+def make_install(wheel: Path, root: Path, work: Path, extra: str) -> Install:
+    """A fresh venv at `root` with the wheel (plus `extra`, e.g. "[train]") at the floors."""
     venv.EnvBuilder(with_pip=True).create(root)
     pins = root / "floors.txt"
     pins.write_text("\n".join(floors()) + "\n")
     pip = [root / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    torch = next(p for p in floors() if p.startswith("torch=="))
-    sh([*pip, torch], cwd=root, timeout=900)  # alone first: the CPU build, as tests/run.sh does
-    sh([*pip, "-c", pins, f"{dists['wheel']}[train]"], cwd=root, timeout=900)
-    work = tmp_path_factory.mktemp("user")
+    if extra:
+        torch = next(p for p in floors() if p.startswith("torch=="))
+        sh([*pip, torch], cwd=root, timeout=900)  # alone first: the CPU build, as tests/run.sh does
+    sh([*pip, "-c", pins, f"{wheel}{extra}"], cwd=root, timeout=900)
     return Install(root, work)
+
+
+@pytest.fixture(scope="module")
+def install(dists, tmp_path_factory) -> Install:
+    """The wheel with its train extra: what runs the worker."""
+    return make_install(
+        dists["wheel"], tmp_path_factory.mktemp("venv"), tmp_path_factory.mktemp("user"), "[train]"
+    )
+
+
+@pytest.fixture(scope="module")
+def core(dists, tmp_path_factory) -> Install:
+    """The wheel alone: plans, estimates and writes run directories without torch."""
+    return make_install(dists["wheel"], tmp_path_factory.mktemp("venv"), tmp_path_factory.mktemp("user"), "")
+
+
+@pytest.fixture(params=["core", "install"])
+def either(request) -> Install:
+    return request.getfixturevalue(request.param)
 
 
 def test_the_wheel_holds_the_package_its_templates_and_nothing_else(dists, capsys):
@@ -125,7 +154,9 @@ def test_the_wheel_holds_the_package_its_templates_and_nothing_else(dists, capsy
 def test_the_install_is_the_wheel_at_the_declared_lower_bounds(install):
     where = sh([install.python, "-c", "import launcher; print(launcher.__file__)"], install.work, 60).stdout
     assert where.startswith(str(install.root)) and "site-packages" in where, where
-    listed = json.loads(sh([install.python, "-m", "pip", "list", "--format", "json"], install.work, 120).stdout)
+    listed = json.loads(
+        sh([install.python, "-m", "pip", "list", "--format", "json"], install.work, 120).stdout
+    )
     have = {p["name"].lower().replace("_", "-"): p["version"] for p in listed}
     for pin in floors():
         name, version = pin.split("==")
@@ -134,10 +165,21 @@ def test_the_install_is_the_wheel_at_the_declared_lower_bounds(install):
     assert install.run("--version").stdout.strip() == f"ftlaunch {VERSION}"
 
 
+def test_the_core_install_has_no_torch(core):
+    listed = json.loads(sh([core.python, "-m", "pip", "list", "--format", "json"], core.work, 120).stdout)
+    names = {p["name"].lower() for p in listed}
+    assert "ftlaunch" in names and not names & {"torch", "deepspeed", "transformers", "numpy"}, names
+
+
 def normalised(run_dir: Path, python: Path, package: Path) -> dict[str, str]:
     def text(path: Path) -> str:
         t = path.read_text()
-        for real, alias in ((run_dir, "<RUN>"), (run_dir.parent, "<RUNS>"), (package, "<PKG>"), (python, "<PY>")):
+        for real, alias in (
+            (run_dir, "<RUN>"),
+            (run_dir.parent, "<RUNS>"),
+            (package, "<PKG>"),
+            (python, "<PY>"),
+        ):
             t = t.replace(str(real), alias)
         return t
 
@@ -145,7 +187,8 @@ def normalised(run_dir: Path, python: Path, package: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_dry_run_from_the_wheel_writes_what_the_checkout_writes(install, backend, tmp_path, capsys):
+def test_a_dry_run_from_the_wheel_writes_what_the_checkout_writes(either, backend, tmp_path, capsys):
+    install = either
     argv = [*TINY, "--backend", backend, "--dry-run", "--name", backend]
     install.run(*argv)
     got = normalised(
@@ -160,7 +203,8 @@ def test_a_dry_run_from_the_wheel_writes_what_the_checkout_writes(install, backe
 
 
 @pytest.mark.parametrize("command", ["estimate", "plan"])
-def test_estimate_and_plan_from_the_wheel_answer_as_the_checkout_does(install, command, capsys):
+def test_estimate_and_plan_from_the_wheel_answer_as_the_checkout_does(either, command, capsys):
+    install = either
     argv = [command, "--model", "llama-3.1-8b", "--gpus", "8xH100", "--method", "lora", "--json"]
     got = json.loads(install.run(*argv).stdout)
     assert main(argv) == 0
@@ -171,7 +215,11 @@ def test_estimate_and_plan_from_the_wheel_answer_as_the_checkout_does(install, c
     "name, extra, files",
     [
         ("full", [], {"config.json", "pytorch_model.bin", "tokenizer.json"}),
-        ("lora", ["--method", "lora", "--zero-stage", "3"], {"adapter_config.json", "adapter_model.safetensors"}),
+        (
+            "lora",
+            ["--method", "lora", "--zero-stage", "3"],
+            {"adapter_config.json", "adapter_model.safetensors"},
+        ),
     ],
 )
 def test_a_two_rank_cpu_fine_tune_from_the_wheel_succeeds(install, name, extra, files):
