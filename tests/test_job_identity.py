@@ -194,3 +194,19 @@ def test_garbage_exit_code_is_a_failure_not_a_crash(run_dir, bystander, capsys):
     (run_dir / "logs" / "exit_code").write_text("zero\n")
     st = local.status(run_dir)
     assert st["state"] == "FAILED" and st["exit_code"] == "unreadable"
+
+
+def test_a_launch_right_after_the_job_ended_waits_for_its_supervisor_to_exit(run_dir, capsys):
+    """Status says SUCCEEDED as soon as the exit code is recorded; the supervisor still holds the
+    lock until its interpreter exits. A launch in that window waits for it instead of refusing
+    (seen once in CI: a moved run launched right after it finished)."""
+    import fcntl
+    import threading
+
+    (run_dir / "launch.sh").write_text("exit 0\n")
+    (run_dir / "logs" / "exit_code").write_text("0\n")
+    fd = os.open(run_dir / ".job.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    threading.Timer(0.5, os.close, [fd]).start()  # the old supervisor exits half a second later
+    code, out = one_line(["launch", str(run_dir), "--skip-preflight"], capsys)
+    assert code == 0 and "SUCCEEDED" in out

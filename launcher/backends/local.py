@@ -40,17 +40,23 @@ def _job_file(run_dir: Path) -> Path:
 
 
 _LOCK = ".job.lock"
+_EXITING = 10.0  # seconds a finished job's supervisor may take to exit and release the lock
 
 
-def _try_lock(run_dir: Path) -> int | None:
-    """An fd holding the run directory's exclusive lock, or None while a job holds it."""
+def _try_lock(run_dir: Path, wait: float = 0.0) -> int | None:
+    """An fd holding the run directory's exclusive lock, or None while a job holds it (`wait`
+    seconds at most)."""
     fd = os.open(run_dir / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
 
 
 def _read_job(run_dir: Path) -> dict | None:
@@ -80,7 +86,10 @@ def _supervisor_alive(job: dict) -> bool:
 
 def submit(run_dir: Path) -> dict:
     run_dir = run_dir.resolve()
-    fd = _try_lock(run_dir)
+    # once the exit code is recorded the job is over (status says so) but its supervisor, which holds
+    # the lock, may still be exiting: a launch right after SUCCEEDED waits for it, not refuses
+    ended = (run_dir / "logs" / "exit_code").exists()
+    fd = _try_lock(run_dir, wait=_EXITING if ended else 0.0)
     if fd is None:
         raise JobError(f"{run_dir.name} is already running (its job holds {_LOCK}); `ftlaunch cancel {run_dir}` first")
     try:
