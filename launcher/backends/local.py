@@ -231,11 +231,13 @@ def _disk_reason(run_dir: Path, out: dict) -> dict:
     return out
 
 
-def _wait_gone(job: dict, seconds: float) -> list[int]:
-    """Wait until neither the supervisor nor any process carrying the job's token runs."""
+def _wait_gone(job: dict, seconds: float, signalled: list[int]) -> list[int]:
+    """Wait until neither the supervisor nor any process carrying the job's token runs, nor any of
+    the pids `signalled`: a process in the middle of exiting has already lost its environment (so
+    no token shows) but is not gone yet."""
     deadline = time.time() + seconds
     while True:
-        left = procs.tagged(job["token"])
+        left = sorted(set(procs.tagged(job["token"])) | {p for p in signalled if procs.running(p)})
         if not left and not _supervisor_alive(job):
             return []
         if time.time() >= deadline:
@@ -256,10 +258,10 @@ def cancel(run_dir: Path, grace_s: float = 60.0) -> dict:
         )
     job = _read_job(run_dir)
     write_atomic(run_dir / "cancel_requested", f"{time.time()}\n")
-    procs.signal_tagged(job["token"], signal.SIGTERM)
-    if _wait_gone(job, grace_s):
-        procs.kill_all(job["token"])
-        left = _wait_gone(job, 10.0)
+    signalled = procs.signal_tagged(job["token"], signal.SIGTERM)
+    if _wait_gone(job, grace_s, signalled):
+        signalled += procs.kill_all(job["token"])
+        left = _wait_gone(job, 10.0, signalled)
         if left:
             raise JobError(
                 f"{run_dir.name}: {len(left)} process(es) of the job survived SIGKILL (pids "
