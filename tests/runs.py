@@ -83,3 +83,23 @@ def digests(root: Path) -> dict[str, str]:
         for f in sorted(root.rglob("*"))
         if f.is_file()
     }
+
+
+def assert_same_curve(got: dict[int, float], want: dict[int, float], steps=None) -> None:
+    """Bitwise equal losses at every step (all of want's by default). On the CPU an untouched run
+    and one killed, restarted and resumed take the same steps on the same state, so nothing but
+    exact equality is right (issue 24); the message shows where and by how much they part."""
+    steps = sorted(want) if steps is None else list(steps)
+    differ = [(s, got.get(s), want[s]) for s in steps if got.get(s) != want[s]]
+    if differ:
+        worst = max((abs(g - w) for _, g, w in differ if g is not None), default=None)
+        raise AssertionError(
+            f"{len(differ)} of {len(steps)} steps differ; first: step {differ[0][0]} got {differ[0][1]!r} "
+            f"want {differ[0][2]!r}; largest difference {worst}"
+        )
+
+
+def final_weights(run_dir: Path) -> set[str]:
+    """The sha256 of the final weights each rank wrote (logs/weights-rank-N.sha256): one value
+    when the ranks agree, and equal between two runs exactly when their weights are bitwise equal."""
+    return {f.read_text().strip() for f in (run_dir / "logs").glob("weights-rank-*.sha256")}

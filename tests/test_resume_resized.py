@@ -9,7 +9,7 @@ import json
 import pytest
 
 from launcher.spec import TrainSpec
-from tests.runs import make_run, run_torchrun
+from tests.runs import assert_same_curve, make_run, run_torchrun
 from tests.test_train_faults import curve
 
 pytest.importorskip("deepspeed")
@@ -35,5 +35,8 @@ def test_two_ranks_then_one(tmp_path):
     assert any(e.get("event") == "resumed" and e["step"] == 6 for e in events)
     got, ref = curve(run_dir), curve(ref_dir)
     assert sorted(got) == list(range(1, 11))
-    for step in range(7, 11):  # same samples, same state: the curve continues as if never resized
-        assert got[step] == pytest.approx(ref[step], abs=1e-3), (step, got[step], ref[step])
+    # bitwise, after the resize too: on 1 rank the two accumulated micro-batch gradients are summed
+    # and averaged in the order the 2-rank all-reduce sums and averages them (measured equal with
+    # DeepSpeed 0.19.8, ZeRO-2, bf16, gloo). Should an engine change part them, measure the floor
+    # (this test printing got - ref per step) and compare steps 7..10 within it, saying so here.
+    assert_same_curve(got, ref)

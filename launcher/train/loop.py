@@ -119,6 +119,31 @@ def _plan_lr(engine, lr: float) -> float | None:
     return saved
 
 
+def _agreed_checkpoint(run_dir: Path, root: Path, rank: int) -> tuple[int, Path] | None:
+    """The checkpoint every rank resumes from: rank 0 picks the newest that verifies and tells
+    the others (collective). Ranks choosing on their own could disagree -- a shared filesystem's
+    directory cache, or a save of the previous attempt still being renamed -- and would load
+    different steps' partitions. A rank that cannot see rank 0's choice stops the start."""
+    import torch
+
+    found = None
+    if rank == 0:
+        found, skipped = ckpt.usable(root)
+        for step, why in skipped:
+            _log(run_dir, rank, {"event": "checkpoint_skipped", "step": step, "reason": why})
+    choice = [found[0] if found else None]
+    torch.distributed.broadcast_object_list(choice, src=0)
+    if choice[0] is None:
+        return None
+    path = root / ckpt.tag_for(choice[0])
+    if rank != 0 and not path.is_dir():
+        raise ckpt.CheckpointError(
+            f"rank {rank} does not see {path}, the checkpoint rank 0 resumes from: the run directory "
+            "must be on storage every node shares, in sync (check the mount on this node)"
+        )
+    return choice[0], path
+
+
 def train(run_dir: Path) -> int:
     import deepspeed
     import torch
@@ -170,9 +195,7 @@ def train(run_dir: Path) -> int:
 
     root = run_dir / "checkpoints"
     layout = {"world": world, "tp": spec.tp, "zero_stage": spec.zero_stage}
-    found, skipped = ckpt.usable(root)
-    for step, why in skipped:
-        _log(run_dir, rank, {"event": "checkpoint_skipped", "step": step, "reason": why})
+    found = _agreed_checkpoint(run_dir, root, rank)
     load_root = root
     if found and (saved := ckpt.saved_layout(found[1])) and (saved["world"], saved["tp"]) != (world, spec.tp):
         # planned again for another GPU count: resume through DeepSpeed's universal checkpoint
@@ -229,7 +252,7 @@ def train(run_dir: Path) -> int:
                 rank,
                 {
                     "step": step + 1,
-                    "loss": round(float(mean) / world, 6),
+                    "loss": float(mean) / world,  # full precision: resume is compared bitwise
                     "lr": engine.get_lr()[0],
                     "tokens_per_s": round(tokens * dp / elapsed, 1),
                     **_peak_memory(),
