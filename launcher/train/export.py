@@ -49,14 +49,20 @@ def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int
     torch.distributed.barrier()
 
 
+DIGEST_MAX_PARAMS = 2**30  # ~4 GiB of fp32 to hash per rank; a 70B model would take minutes
+
+
 def weights_digest(model, spec: TrainSpec) -> str | None:
-    """sha256 over every (gathered) parameter: equal on all ranks when they agree on the weights.
-    Collective under ZeRO-3. None under AutoTP (each rank holds different shards)."""
+    """sha256 over every (gathered) parameter: equal on all ranks when they agree on the weights,
+    and equal between two runs exactly when their weights are bitwise equal. Collective under
+    ZeRO-3. None under AutoTP (each rank holds different shards) and above DIGEST_MAX_PARAMS
+    parameters, where hashing every weight on every rank would hold up the end of the run."""
     import hashlib
 
     import deepspeed
 
-    if spec.tp > 1:
+    params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
+    if spec.tp > 1 or params > DIGEST_MAX_PARAMS:
         return None
     h = hashlib.sha256()
     for name, p in model.named_parameters():
