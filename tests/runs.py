@@ -103,3 +103,9 @@ def final_weights(run_dir: Path) -> set[str]:
     """The sha256 of the final weights each rank wrote (logs/weights-rank-N.sha256): one value
     when the ranks agree, and equal between two runs exactly when their weights are bitwise equal."""
     return {f.read_text().strip() for f in (run_dir / "logs").glob("weights-rank-*.sha256")}
+
+
+def assert_same_weights(run_dir: Path, reference: Path) -> None:
+    """Every rank of run_dir ended with the same weights, bitwise those of the reference run."""
+    got, want = final_weights(run_dir), final_weights(reference)
+    assert len(got) == 1 and got == want, (got, want)

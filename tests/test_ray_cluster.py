@@ -22,7 +22,7 @@ from launcher.backends import ray as ray_backend
 from launcher.cli import main
 from launcher.rundir import read_run_dir, write_run_dir
 from launcher.spec import TrainSpec
-from tests.runs import ROOT, assert_same_curve, final_weights, make_run
+from tests.runs import ROOT, assert_same_curve, assert_same_weights, make_run
 from tests.test_train_faults import curve, events, started_steps, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -146,7 +146,7 @@ def test_sigkill_of_a_rank_restarts_the_group_and_resumes_with_the_same_curve(
     got = curve(run_dir)
     assert sorted(got) == list(range(1, STEPS + 1))  # every step, none lost
     assert_same_curve(got, reference)  # bitwise, as on torchrun
-    assert len(final_weights(run_dir)) == 1 and final_weights(run_dir) == final_weights(finished[0])
+    assert_same_weights(run_dir, finished[0])
 
 
 def test_cancel_stops_the_job_and_its_ranks(ray_cluster, tmp_path, capsys):

@@ -37,7 +37,7 @@ import pytest
 from launcher.backends import slurm, slurm_cluster
 from launcher.cli import main
 from launcher.train import checkpoint as ckpt
-from tests.runs import ROOT, assert_same_curve, cpu_env, final_weights
+from tests.runs import ROOT, assert_same_curve, assert_same_weights, cpu_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 pytest.importorskip("deepspeed")
@@ -258,8 +258,7 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_without_losing_a_ste
     assert sorted(got) == list(range(1, 21))
     # bitwise the same curve and final weights: the resumed job took the untouched one's steps
     assert_same_curve(got, reference)
-    assert len(final_weights(run_dir)) == 1
-    assert final_weights(run_dir) == final_weights(uninterrupted["run_dir"])
+    assert_same_weights(run_dir, uninterrupted["run_dir"])
 
 
 def node_state(node: str) -> str:
