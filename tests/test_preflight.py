@@ -67,14 +67,20 @@ def test_a_run_dir_with_lora_under_autotp_is_refused_before_any_rank_starts(tmp_
     assert len(err) == 1 and "LoRA's own adapter layers" in err[0] and "tp 1" in err[0]
 
 
-def test_a_pipeline_run_dir_is_refused_before_any_rank_starts(tmp_path, capsys, cpu):
-    """The planner writes a pinned --pp plan (its device_map.json is for the user's own loading);
-    the worker trains under DeepSpeed's data-parallel engine and would fail on a batch assertion."""
+def test_a_pipeline_run_dir_passes_and_unrunnable_ones_are_refused_before_any_rank_starts(tmp_path, capsys, cpu):
+    """Llama pp 2 with ZeRO-1 runs on the pipeline engine; a family without a stage adapter and
+    ZeRO-0 (whose pipeline checkpoints DeepSpeed 0.19.8 cannot load) are one line each."""
     run_dir, _ = make_run(tmp_path, "pp2", TrainSpec(pp=2, zero_stage=1, seq_len=64))
-    assert (run_dir / "device_map.json").is_file()
-    assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "pipeline parallelism" in err[0] and "without --pp" in err[0]
+    assert main(["preflight", str(run_dir), "--no-allreduce"]) == 0
+    capsys.readouterr()
+    for name, model, spec, want in [
+        ("bloom", "tiny-bloom", TrainSpec(pp=2, zero_stage=1, seq_len=64), "no pipeline stage adapter"),
+        ("zero0", "tiny-llama", TrainSpec(pp=2, zero_stage=0, seq_len=64), "ZeRO-1 only"),
+    ]:
+        run_dir, _ = make_run(tmp_path, name, spec, model=model)
+        assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and want in err[0], err
 
 
 def test_the_installed_worker_dependencies_meet_the_declared_bounds():

@@ -8,8 +8,9 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
                 tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
                 so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
-  pp            1, unless pinned (the worker does not run pipeline parallelism); a pinned pp must
-                divide world / tp and leave every stage at least one block; only with ZeRO-0/1
+  pp            1, unless pinned; a pinned pp runs on DeepSpeed's pipeline engine (ZeRO-0/1) for the
+                families with a stage adapter (launcher/parallel/split.py), must divide world / tp
+                and leave every stage at least one block
   grad_ckpt     none, selective, full
   micro_batch   MICRO_BATCHES, with the accumulation that reaches the global batch exactly
                 (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate
@@ -29,6 +30,7 @@ from launcher.errors import InvalidSpecError
 from launcher.memory import states as S
 from launcher.memory.activations import selective_is_full
 from launcher.memory.estimate import check_parallelism
+from launcher.parallel.split import pipeline_refusal
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
 from launcher.spec import GRAD_CKPT, TrainSpec, autotp_conflict
@@ -65,15 +67,9 @@ class Group:
 
 
 def effective_base(request: Request) -> tuple[TrainSpec, tuple[str, ...]]:
-    """The user's choices adjusted to the GPU (bf16 becomes fp16 where the GPU has no bf16), and
-    what the plans cannot do: a pinned --pp is planned, but the worker will not start it."""
+    """The user's choices adjusted to the GPU (bf16 becomes fp16 where the GPU has no bf16)."""
     base, gpu = request.base, request.cluster.gpu
     notes: tuple[str, ...] = ()
-    if request.pinned.get("pp", 1) > 1:
-        notes = (
-            "--pp: pipeline plans are estimated and written (device_map.json), but ftlaunch's worker "
-            "does not run pipeline parallelism yet and refuses to start them; drop --pp to launch",
-        )
     if gpu.bf16:
         return base, notes
     if base.precision == "bf16":
@@ -117,6 +113,10 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
         if request.cluster.world_size % (tp * pinned):
             return []  # this TP degree does not combine with the pinned PP; others may
         check_parallelism(request.arch, TrainSpec(tp=tp, pp=pinned), request.cluster.world_size)
+        arch = request.arch
+        why = pipeline_refusal(arch.model_type, arch.tied_embeddings, arch.name) if pinned > 1 else None
+        if why is not None:
+            raise InvalidSpecError(f"--pp {pinned}: {why}")
         if not sensible_pp(layers, pinned):
             ok = [p for p in range(1, layers + 1) if sensible_pp(layers, p) and rest % p == 0]
             raise InvalidSpecError(
@@ -124,10 +124,9 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
                 f"a layer; use --pp {' or '.join(map(str, ok[-4:]))}"
             )
         return [pinned]
-    # Unpinned, the search stays at pp 1: the worker does not run pipeline parallelism (it trains
-    # under DeepSpeed's data-parallel engine), so a pipeline plan would fail at launch. A pinned
-    # --pp is still planned, for its memory figures and device_map.json (launcher/train/model.py
-    # check_loadable refuses to start it).
+    # Unpinned, the search stays at pp 1 for now: the speed model's pipeline terms (1F1B bubble,
+    # activations between stages) are not yet checked against measured pipeline runs, and a
+    # pipeline plan ranked by them could displace a better ZeRO plan.
     return [1]
 
 
@@ -193,8 +192,10 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
         check_parallelism(request.arch, TrainSpec(pp=pins.get("pp", 1), tp=pins.get("tp", 1)), world)
     for stage, opt, params in shardings:
         for tp, pp in layouts:
-            if pp > 1 and stage >= 2:
-                continue  # DeepSpeed's pipeline engine supports ZeRO-0/1 only
+            if pp > 1 and stage != 1:
+                # DeepSpeed's pipeline engine supports ZeRO-0/1, and 0.19.8's bf16 optimizer cannot
+                # load its own ZeRO-0 pipeline checkpoint (KeyError in _load_legacy_checkpoint)
+                continue
             dp = world // (tp * pp)
             batches = _batches(request, dp)
             if not batches:

@@ -19,6 +19,7 @@ from pathlib import Path
 from launcher.rundir import read_run_dir
 from launcher.spec import TrainSpec
 from launcher.train import checkpoint as ckpt
+from launcher.train import engines
 from launcher.train.data import Batches, read_records, tokenize
 from launcher.train.model import build_model, check_loadable
 from launcher.train.tokenizer import load_tokenizer
@@ -145,7 +146,6 @@ def _agreed_checkpoint(run_dir: Path, root: Path, rank: int) -> tuple[int, Path]
 
 
 def train(run_dir: Path) -> int:
-    import deepspeed
     import torch
 
     # from the start: a preemption during loading is honoured at the first step boundary
@@ -156,7 +156,7 @@ def train(run_dir: Path) -> int:
     cfg = run.training
     ds_config = json.loads((run_dir / "ds_config.json").read_text())
     has_gpu = torch.cuda.is_available()
-    check_loadable(spec, run.model.source, cfg.init, has_gpu)
+    check_loadable(spec, run.model.hf_config, run.model.source, cfg.init, has_gpu)
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     pids = run_dir / "logs" / "pids"
     pids.mkdir(parents=True, exist_ok=True)
@@ -168,7 +168,6 @@ def train(run_dir: Path) -> int:
     init_distributed("nccl" if has_gpu else "gloo")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dp = world // (spec.tp * spec.pp)
-    dp_rank = rank // spec.tp  # AutoTP groups are consecutive ranks
     random.seed(cfg.seed + rank)
     torch.manual_seed(cfg.seed)
 
@@ -187,24 +186,32 @@ def train(run_dir: Path) -> int:
         hf_ds = HfDeepSpeedConfig(ds_config)  # noqa: F841  keeps zero.Init active for from_pretrained
     model = build_model(run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = _client_optimizer(spec, params, cfg.lr, cfg.weight_decay)
     warmup = cfg.warmup_steps
 
     def schedule(opt):
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
 
     root = run_dir / "checkpoints"
-    layout = {"world": world, "tp": spec.tp, "zero_stage": spec.zero_stage}
+    layout = {"world": world, "tp": spec.tp, "pp": spec.pp, "zero_stage": spec.zero_stage}
     found = _agreed_checkpoint(run_dir, root, rank)
     load_root = root
-    if found and (saved := ckpt.saved_layout(found[1])) and (saved["world"], saved["tp"]) != (world, spec.tp):
+    saved = ckpt.saved_layout(found[1]) if found else None
+    if saved and (saved["world"], saved["tp"], saved.get("pp", 1)) != (world, spec.tp, spec.pp):
+        if spec.pp > 1 or saved.get("pp", 1) > 1:
+            raise ckpt.CheckpointError(
+                f"{found[1].name} was written by {saved['world']} ranks at pp {saved.get('pp', 1)}; this "
+                f"launch has {world} at pp {spec.pp}, and a pipeline checkpoint resumes only on the layout "
+                "that wrote it; plan again with that GPU count and --pp"
+            )
         # planned again for another GPU count: resume through DeepSpeed's universal checkpoint
         load_root = ckpt.to_universal(found[1], rank, torch.distributed.barrier)
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
         _log(run_dir, rank, {"event": "universal", "from_world": saved["world"], "to_world": world})
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=params, config=ds_config, optimizer=optimizer, lr_scheduler=schedule
-    )
+    def optimizer_for(trained):
+        return _client_optimizer(spec, trained, cfg.lr, cfg.weight_decay)
+
+    trainer = engines.build(model, params, spec, ds_config, optimizer_for, schedule, rank, world)
+    engine = trainer.ds
     device = engine.device
 
     if rank == 0:
@@ -233,16 +240,7 @@ def train(run_dir: Path) -> int:
 
     for step in range(start, cfg.max_steps):
         t0 = time.perf_counter()
-        losses, tokens = [], 0
-        for micro in range(spec.grad_accum):
-            inputs, real_tokens = batches.get(step, micro, dp_rank)
-            loss = engine(**{k: v.to(device) for k, v in inputs.items()}).loss
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.detach().float())
-            tokens += real_tokens
-        mean = torch.stack(losses).mean()
-        torch.distributed.all_reduce(mean)
+        loss, tokens = trainer.step(batches, step)
         stop = torch.tensor([1.0 if _Stop.requested else 0.0], device=device)
         torch.distributed.all_reduce(stop, op=torch.distributed.ReduceOp.MAX)
         elapsed = time.perf_counter() - t0
@@ -252,7 +250,7 @@ def train(run_dir: Path) -> int:
                 rank,
                 {
                     "step": step + 1,
-                    "loss": float(mean) / world,  # full precision: resume is compared bitwise
+                    "loss": loss,  # full precision: resume is compared bitwise
                     "lr": engine.get_lr()[0],
                     "tokens_per_s": round(tokens * dp / elapsed, 1),
                     **_peak_memory(),
@@ -265,13 +263,11 @@ def train(run_dir: Path) -> int:
             _log(run_dir, rank, {"event": "preempted", "step": step + 1})
             return PREEMPTED
 
-    from launcher.train.export import evaluate, export_final, weights_digest
-
-    digest = weights_digest(model, spec)
+    digest = trainer.digest()
     if digest:
         (run_dir / "logs" / f"weights-rank-{rank}.sha256").write_text(digest + "\n")
-    eval_loss = evaluate(engine, batches, device)
-    export_final(engine, model, tokenizer, spec, run_dir / "output" / "final", rank)
+    eval_loss = trainer.evaluate(batches)
+    trainer.export(tokenizer, run_dir / "output" / "final", rank)
     if rank == 0:
         (run_dir / "output" / "final.json").write_text(
             json.dumps({"steps": cfg.max_steps, "eval_loss": eval_loss})

@@ -27,13 +27,21 @@ def torch_dtype(precision: str):
     }[precision]
 
 
-def check_loadable(spec: TrainSpec, source: str, init: str, has_gpu: bool) -> None:
+def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has_gpu: bool) -> None:
     """Problems that must stop the job before any rank starts."""
     if spec.pp > 1:
-        raise ModelLoadError(
-            f"pp {spec.pp}: the worker does not run pipeline parallelism yet (device_map.json is for loading "
-            "the model yourself); plan again without --pp (ZeRO or TP split the model instead)"
+        from launcher.parallel.split import pipeline_refusal
+
+        why = pipeline_refusal(
+            hf_config.get("model_type", "?"), bool(hf_config.get("tie_word_embeddings", False)), source
         )
+        if why is not None:
+            raise ModelLoadError(f"pp {spec.pp}: {why}")
+        if spec.zero_stage != 1:
+            raise ModelLoadError(
+                f"pp {spec.pp} with ZeRO-{spec.zero_stage}: the worker runs pipeline plans with ZeRO-1 only "
+                "(DeepSpeed 0.19.8 cannot resume a ZeRO-0 pipeline checkpoint); plan again with --zero-stage 1"
+            )
     why = autotp_conflict(spec)
     if why is not None:
         raise ModelLoadError(f"tp {spec.tp}: {why}; plan again (tp 1)")

@@ -1,0 +1,144 @@
+"""The two DeepSpeed engines the worker trains under, behind one small interface: build, step,
+evaluate, export, digest. The loop (loop.py) owns everything else -- data order, checkpoints,
+preemption, logging -- and never asks which engine it drives.
+
+- DataParallel: DeepSpeed's engine for ZeRO-0..3 and AutoTP (pp 1), one micro-batch at a time.
+- Pipeline: DeepSpeed's pipeline engine (1F1B over `grad_accum` micro-batches per step) on the
+  stages of launcher/parallel/stages.py, ZeRO-0/1. Ranks are laid out pipe-major (stage s holds
+  ranks s*dp .. s*dp+dp-1), so a stage's data-parallel group is consecutive ranks, on one node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from launcher.spec import TrainSpec
+from launcher.train import export
+
+
+class DataParallel:
+    def __init__(self, model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int):
+        import deepspeed
+
+        self.ds, _, _, _ = deepspeed.initialize(
+            model=model,
+            model_parameters=params,
+            config=ds_config,
+            optimizer=optimizer_for(params),
+            lr_scheduler=schedule,
+        )
+        self.model, self.spec, self.world = model, spec, world
+        self.dp_rank = rank // spec.tp  # AutoTP groups are consecutive ranks
+
+    def step(self, batches, step: int) -> tuple[float, int]:
+        """One optimizer step: (the step's mean loss over every rank, this rank's real tokens)."""
+        import torch
+
+        losses, tokens = [], 0
+        for micro in range(self.spec.grad_accum):
+            inputs, real_tokens = batches.get(step, micro, self.dp_rank)
+            loss = self.ds(**{k: v.to(self.ds.device) for k, v in inputs.items()}).loss
+            self.ds.backward(loss)
+            self.ds.step()
+            losses.append(loss.detach().float())
+            tokens += real_tokens
+        mean = torch.stack(losses).mean()
+        torch.distributed.all_reduce(mean)
+        return float(mean) / self.world, tokens
+
+    def evaluate(self, batches) -> float:
+        return export.evaluate(self.ds, batches, self.ds.device)
+
+    def export(self, tokenizer, out: Path, rank: int) -> None:
+        export.export_final(self.ds, self.model, tokenizer, self.spec, out, rank)
+
+    def digest(self) -> str | None:
+        return export.weights_digest(self.model, self.spec)
+
+
+class Pipeline:
+    def __init__(self, model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int):
+        import deepspeed
+
+        from launcher.parallel.stages import pipeline_module
+
+        module = pipeline_module(model, spec.pp)
+        local = {id(p) for p in module.parameters()}
+        params = [p for p in params if id(p) in local]  # this stage's trainable parameters
+        self.ds, _, _, _ = deepspeed.initialize(
+            model=module,
+            model_parameters=params,
+            config=ds_config,
+            optimizer=optimizer_for(params),
+            lr_scheduler=schedule,
+        )
+        self.model, self.spec = model, spec
+        self.dp = world // spec.pp
+        self.dp_rank = rank % self.dp
+        # this stage's parameters by their Hugging Face names (the model's own modules)
+        self.local = [(n, p) for n, p in model.named_parameters() if id(p) in local]
+
+    def step(self, batches, step: int) -> tuple[float, int]:
+        micro = [batches.get(step, m, self.dp_rank) for m in range(self.spec.grad_accum)]
+        feed = iter([(inputs["input_ids"], inputs["labels"]) for inputs, _ in micro])
+        loss = self.ds.train_batch(feed)  # mean over the global batch, on every stage
+        return float(loss), sum(tokens for _, tokens in micro)
+
+    def evaluate(self, batches) -> float:
+        """Loss on the fixed batch the data-parallel engine evaluates (step 0, micro-batch 0,
+        data-parallel rank 0's samples), every stage taking part."""
+        inputs = batches.get(0, 0, 0)[0]
+        loss = self.ds.eval_batch(iter([(inputs["input_ids"], inputs["labels"])]), num_micro_batches=1)
+        self.ds.train()
+        return float(loss)
+
+    def export(self, tokenizer, out: Path, rank: int) -> None:
+        """ONE Hugging Face model directory (safetensors; the adapter alone for LoRA): every
+        stage's first data-parallel rank sends its trained weights to rank 0, which loads them
+        into its copy of the model and saves it. Collective."""
+        import torch
+
+        out.mkdir(parents=True, exist_ok=True)
+        mine = {}
+        if self.dp_rank == 0:
+            mine = {
+                n: p.detach().to("cpu", copy=True)
+                for n, p in self.local
+                if p.requires_grad or not self.spec.trains_adapters
+            }
+        world = torch.distributed.get_world_size()
+        gathered = [None] * world if rank == 0 else None
+        torch.distributed.gather_object(mine, gathered, dst=0)
+        if rank == 0:
+            params = dict(self.model.named_parameters())
+            with torch.no_grad():
+                for part in gathered:
+                    for name, value in part.items():
+                        params[name].copy_(value)
+            self.model.save_pretrained(str(out))
+            tokenizer.save_pretrained(str(out))
+        torch.distributed.barrier()
+
+    def digest(self) -> str | None:
+        """sha256 over the stages' digests in pipeline order (each over its parameters by name):
+        the same on every rank, and equal between two runs of this layout exactly when every
+        stage's weights are bitwise equal. Collective; None above export.DIGEST_MAX_PARAMS."""
+        import torch
+
+        if sum(p.numel() for p in self.model.parameters()) > export.DIGEST_MAX_PARAMS:
+            return None
+        h = hashlib.sha256()
+        for name, p in self.local:
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().numpy().tobytes())
+        stages = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(stages, h.hexdigest())
+        per_stage = stages[:: self.dp]  # pipe-major ranks: every dp-th rank is the next stage
+        return hashlib.sha256(" ".join(per_stage).encode()).hexdigest()
+
+def build(model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int):
+    """The engine for this plan. `optimizer_for(params)` is the client optimizer over the
+    parameters this rank trains (None: the config's AdamW); `schedule(optimizer)` the scheduler."""
+    engine = Pipeline if spec.pp > 1 else DataParallel
+    return engine(model, params, spec, ds_config, optimizer_for, schedule, rank, world)

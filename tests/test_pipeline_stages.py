@@ -1,0 +1,88 @@
+"""The pipeline stage adapters compute what the Hugging Face model computes: the stages run one
+after another give the model's own loss and gradients, for every family with an adapter, and the
+split is the one the memory model counts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from launcher.models.catalog import resolve_model
+from launcher.models.catalog_configs import CONFIGS
+from launcher.parallel.split import PIPELINE_FAMILIES, pipeline_refusal, stage_blocks
+from launcher.parallel.stages import boundaries, causal_lm_loss, stage_layers
+from launcher.planner.perf import stage_layers as perf_stage_layers
+
+SHRINK = {
+    "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "num_hidden_layers": 3, "vocab_size": 300, "tie_word_embeddings": False,
+    "num_local_experts": 4, "num_experts_per_tok": 2, "max_window_layers": 1,
+}  # fmt: skip
+
+FAMILIES = {"llama": "llama-3.1-8b", "mistral": "mistral-7b", "mixtral": "mixtral-8x7b",
+            "qwen2": "qwen2.5-7b", "qwen3": "qwen3-8b"}  # fmt: skip
+
+
+def tiny(model_type: str, **over):
+    import transformers
+
+    cfg = {**CONFIGS[FAMILIES[model_type]], **SHRINK, **over}
+    cfg.pop("model_type")
+    cfg = {k: v for k, v in cfg.items() if k not in ("torch_dtype", "dtype")}
+    config = transformers.AutoConfig.for_model(model_type, **cfg)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, 300, (2, 12), generator=g)
+    labels = ids.clone()
+    labels[1, 9:] = -100  # a right-padded row
+    return ids, labels
+
+
+def test_every_family_with_an_adapter_is_tested():
+    assert set(FAMILIES) == set(PIPELINE_FAMILIES)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_stages_in_sequence_give_the_models_loss_and_gradients(model_type):
+    over = {"sliding_window": 4, "use_sliding_window": True} if model_type in ("mistral", "qwen2") else {}
+    model = tiny(model_type, **over)
+    ids, labels = batch()
+    want = model(input_ids=ids, labels=labels).loss
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    x = ids
+    for layer in stage_layers(model):
+        x = layer(x)
+    got = causal_lm_loss(x, labels)
+    got.backward()
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    for n, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, want_grads[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_split_is_the_memory_models():
+    for layers, pp in [(2, 2), (32, 4), (80, 3), (70, 12), (30, 4)]:
+        blocks = stage_blocks(layers, pp)
+        assert sum(blocks) == layers and len(blocks) == pp and min(blocks) >= 1
+        assert (blocks[0], blocks[-1]) == perf_stage_layers(layers, pp)
+        parts = boundaries(layers, pp)
+        assert parts[0] == 0 and parts[-1] == layers + 2  # embedding first, head last
+        assert [b - a for a, b in zip(parts, parts[1:], strict=False)] == [
+            blocks[0] + 1, *blocks[1:-1], blocks[-1] + 1
+        ]
+
+
+def test_families_without_an_adapter_and_tied_heads_are_refused_with_the_reason():
+    bloom = resolve_model("tiny-bloom")
+    assert "no pipeline stage adapter" in pipeline_refusal(bloom.model_type, bloom.tied_embeddings, bloom.name)
+    small = resolve_model("llama-3.2-1b")
+    assert "ties its LM head" in pipeline_refusal(small.model_type, small.tied_embeddings, small.name)
+    big = resolve_model("llama-3.1-70b")
+    assert pipeline_refusal(big.model_type, big.tied_embeddings, big.name) is None
