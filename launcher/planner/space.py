@@ -8,7 +8,7 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
                 tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
                 so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
-  pp            1, unless pinned; a pinned pp runs on DeepSpeed's pipeline engine (ZeRO-0/1) for the
+  pp            1, unless pinned; a pinned pp runs on DeepSpeed's pipeline engine (ZeRO-1) for the
                 families with a stage adapter (launcher/parallel/split.py), must divide world / tp
                 and leave every stage at least one block
   grad_ckpt     none, selective, full
