@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.rundir import read_run_dir
 from launcher.spec import TrainSpec
 from launcher.train import checkpoint as ckpt
-from launcher.train import engines
+from launcher.train import cpu_adam, engines
 from launcher.train.data import Batches, read_records, tokenize
 from launcher.train.model import build_model, check_loadable
 from launcher.train.tokenizer import load_tokenizer
@@ -221,6 +221,7 @@ def train(run_dir: Path) -> int:
     if found:
         step, path = found
         engine.load_checkpoint(str(load_root), tag=path.name, load_module_strict=False)
+        cpu_adam.replay_bias_correction(engine.optimizer)  # else the next update is off by an ulp
         _restore_rng(ckpt.load_rank_state(path))
         start = step
         _log(run_dir, rank, {"event": "resumed", "step": step})
