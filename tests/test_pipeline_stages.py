@@ -79,6 +79,30 @@ def test_split_is_the_memory_models():
         ]
 
 
+def test_the_plans_stage_table_is_the_workers_split_placed_pipe_major_with_the_estimates_peak():
+    from launcher.hardware import parse_gpus
+    from launcher.memory.estimate import estimate, pipeline_stages
+    from launcher.spec import TrainSpec
+
+    arch, cluster = resolve_model("llama-3.1-70b"), parse_gpus("4x8xA100-80GB")
+    for pp, accum in [(4, 16), (8, 2), (16, 32)]:
+        spec = TrainSpec(pp=pp, zero_stage=1, micro_batch=1, grad_accum=accum)
+        stages = pipeline_stages(arch, spec, cluster)
+        dp = cluster.world_size // pp
+        assert [s["blocks"][1] - s["blocks"][0] + 1 for s in stages] == stage_blocks(arch.layers, pp)
+        assert stages[0]["blocks"][0] == 0 and stages[-1]["blocks"][1] == arch.layers - 1
+        assert all(a["blocks"][1] + 1 == b["blocks"][0] for a, b in zip(stages, stages[1:], strict=False))
+        assert [s["ranks"] for s in stages] == [[i * dp, i * dp + dp - 1] for i in range(pp)]
+        assert all(s["nodes"] == sorted({r // 8 for r in range(s["ranks"][0], s["ranks"][1] + 1)}) for s in stages)
+        assert [s["micro_batches_in_flight"] for s in stages] == [min(pp - i, accum) for i in range(pp)]
+        assert [s["embeddings"] for s in stages] == [True] + [False] * (pp - 1)
+        assert [s["lm_head"] for s in stages] == [False] * (pp - 1) + [True]
+        # the plan's per-GPU figure is its worst stage
+        peak = estimate(arch, spec, cluster).gpu_total / 2**30
+        assert max(s["gpu_total_gib"] for s in stages) == pytest.approx(peak, abs=1e-3)
+    assert pipeline_stages(arch, TrainSpec(zero_stage=1), cluster) == []
+
+
 def test_families_without_an_adapter_and_tied_heads_are_refused_with_the_reason():
     bloom = resolve_model("tiny-bloom")
     assert "no pipeline stage adapter" in pipeline_refusal(bloom.model_type, bloom.tied_embeddings, bloom.name)

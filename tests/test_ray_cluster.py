@@ -22,7 +22,7 @@ from launcher.backends import ray as ray_backend
 from launcher.cli import main
 from launcher.rundir import read_run_dir, write_run_dir
 from launcher.spec import TrainSpec
-from tests.runs import ROOT, assert_same_curve, assert_same_weights, make_run
+from tests.runs import ROOT, assert_same_curve, assert_same_weights, make_run, run_torchrun
 from tests.test_train_faults import curve, events, started_steps, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -60,9 +60,9 @@ def ray_cluster():
         subprocess.run(["bash", str(ROOT / "cluster" / "ray_down.sh")], env=env, timeout=120, check=False)
 
 
-def ray_run(root: Path, name: str, address: str, **training) -> Path:
+def ray_run(root: Path, name: str, address: str, spec: TrainSpec = SPEC, **training) -> Path:
     """A tiny-model run directory (tests/runs.py) made a Ray run: plan.json's backend and ray_job.json."""
-    run_dir, _ = make_run(root, name, SPEC, lr=1e-3, **training)
+    run_dir, _ = make_run(root, name, spec, lr=1e-3, **training)
     run = read_run_dir(run_dir)
     backend = {**run.backend, "name": "ray", "ray": {"address": address, "storage": None, "cpu": True}}
     run = run.model_copy(update={"backend": backend})
@@ -147,6 +147,23 @@ def test_sigkill_of_a_rank_restarts_the_group_and_resumes_with_the_same_curve(
     assert sorted(got) == list(range(1, STEPS + 1))  # every step, none lost
     assert_same_curve(got, reference)  # bitwise, as on torchrun
     assert_same_weights(run_dir, finished[0])
+
+
+def test_a_pipeline_job_succeeds_with_the_curve_it_trains_under_torchrun(ray_cluster, tmp_path):
+    spec = TrainSpec(pp=2, zero_stage=1, micro_batch=2, grad_accum=4, seq_len=64)
+    run_dir = ray_run(tmp_path / "ray", "pipe", ray_cluster, spec, max_steps=6, save_every=3)
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "launch", str(run_dir)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert out.returncode == 0 and out.stdout.rstrip().endswith("pipe: SUCCEEDED"), (out.stdout + out.stderr)[-4000:]
+    local, argv = make_run(tmp_path / "local", "pipe", spec, lr=1e-3, max_steps=6, save_every=3)
+    proc = run_torchrun(argv)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(curve(run_dir)) == list(range(1, 7))
+    assert_same_curve(curve(run_dir), curve(local))  # the same two stages, under Ray Train's ranks
+    assert_same_weights(run_dir, local)
+    assert (run_dir / "output" / "final" / "model.safetensors").is_file()
 
 
 def test_cancel_stops_the_job_and_its_ranks(ray_cluster, tmp_path, capsys):

@@ -261,6 +261,30 @@ def test_time_limit_signal_checkpoints_requeues_and_resumes_without_losing_a_ste
     assert_same_curve(got, reference)
 
 
+PIPELINE = [
+    *("--model", "tiny-llama", "--cpu", "--init", "random", "--zero-stage", "1", "--pp", "2"),
+    *("--micro-batch", "2", "--grad-accum", "4", "--seq-len", "64", "--lr", "1e-3", "--max-restarts", "0"),
+    *("--max-steps", "6", "--save-every", "3"),
+]
+
+
+def test_a_pipeline_job_with_one_stage_per_node_completes_with_the_curve_of_one_node(
+    cluster, tmp_path, capsys, cpu
+):
+    # 2 nodes x 1 rank: stage 0 on the first node, stage 1 on the second, activations between them
+    run_dir = write_run(tmp_path, "pipe", [*PIPELINE, "--backend", "slurm", "--gpus", "2x1xA100"], capsys)
+    assert ft("launch", str(run_dir), "--detach", "--skip-preflight", capsys=capsys) == 0
+    st = wait_state(run_dir, ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED"))
+    log = slurm.log_path(run_dir, job_id(run_dir)).read_text()
+    assert st["state"] == "COMPLETED", log[-3000:]
+    assert sorted(curve(run_dir)) == list(range(1, 7))
+    assert (run_dir / "output" / "final" / "model.safetensors").is_file()
+    # the same plan on one node's two ranks under torchrun trains the same curve, bitwise
+    local = write_run(tmp_path, "pipe-local", [*PIPELINE, "--backend", "torchrun", "--gpus", "1x2xA100"], capsys)
+    assert ft("launch", str(local), "--skip-preflight", capsys=capsys) == 0
+    assert_same_curve(curve(run_dir), curve(local))
+
+
 def node_state(node: str) -> str:
     """sinfo's short state of one node: idle, alloc, mix, comp, down*, alloc* (* = not responding)."""
     proc = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], capture_output=True, text=True)

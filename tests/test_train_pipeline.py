@@ -7,13 +7,15 @@ killed stage once resumed off was DeepSpeed's CPU Adam (launcher/train/cpu_adam.
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
 from launcher.spec import TrainSpec
-from tests.runs import assert_same_curve, make_run, run_torchrun
+from tests.runs import assert_same_curve, assert_same_weights, make_run, run_torchrun
 from tests.test_train_e2e import reload_loss
-from tests.test_train_faults import curve
+from tests.test_train_faults import curve, events, started_steps, submit_with_cpu_env, wait_done, wait_for
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -23,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 # global batch 8 = micro-batch 2 x 4 micro-batches per step (the pipeline's 1F1B depth) x dp 1
 SPEC = TrainSpec(pp=2, zero_stage=1, micro_batch=2, grad_accum=4, seq_len=64)
-RUN = {"max_steps": 8, "save_every": 2, "lr": 1e-3}
+RUN = {"max_steps": 12, "save_every": 4, "lr": 1e-3}
+STEPS = list(range(1, 13))
 
 
 def trained(root, name, spec, gpus):
@@ -50,9 +53,9 @@ def final_eval(run_dir) -> float:
 def test_two_stages_train_the_curve_of_one_rank_and_export_one_hf_model(two_stages, one_rank):
     # measured bitwise on the CPU: the stages run the model's own modules in the same order
     got = curve(two_stages)
-    assert sorted(got) == list(range(1, 9))
+    assert sorted(got) == STEPS
     assert_same_curve(got, curve(one_rank))
-    assert got[8] < got[1]
+    assert got[12] < got[1]
     final = two_stages / "output" / "final"
     assert (final / "model.safetensors").is_file()  # one model gathered from both stages
     pp2 = transformers.AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.bfloat16).state_dict()
@@ -63,3 +66,39 @@ def test_two_stages_train_the_curve_of_one_rank_and_export_one_hf_model(two_stag
     assert all(torch.equal(pp2[k], pp1[k]) for k in pp1), [k for k in pp1 if not torch.equal(pp2[k], pp1[k])]
     assert reload_loss(two_stages, SPEC) == pytest.approx(final_eval(two_stages), rel=1e-3, abs=1e-3)
     assert final_eval(two_stages) == final_eval(one_rank)
+
+
+def test_two_stages_times_two_data_parallel_ranks_train_the_curve_of_two_data_parallel_ranks(tmp_path):
+    # 4 ranks pipe-major: stage 0 on ranks 0-1, stage 1 on ranks 2-3; global batch 16 on both sides
+    pp2dp2 = trained(tmp_path / "a", "pp2dp2", SPEC, "1x4xA100")
+    dp2 = trained(tmp_path / "b", "dp2", SPEC.with_(pp=1), "1x2xA100")
+    got = curve(pp2dp2)
+    assert sorted(got) == STEPS
+    assert_same_curve(got, curve(dp2))
+    assert final_eval(pp2dp2) == final_eval(dp2)
+
+
+def test_lora_inside_two_stages_trains_and_exports_one_peft_adapter(tmp_path):
+    spec = SPEC.with_(method="lora", lora_r=8)
+    run_dir, argv = make_run(tmp_path, "lora", spec, gpus="1x2xA100", **{**RUN, "lr": 5e-3})
+    proc = run_torchrun(argv)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = curve(run_dir)
+    assert sorted(got) == STEPS and got[12] < got[1]
+    final = run_dir / "output" / "final"
+    assert (final / "adapter_model.safetensors").is_file() and not (final / "model.safetensors").exists()
+    assert reload_loss(run_dir, spec) == pytest.approx(final_eval(run_dir), rel=1e-3, abs=1e-3)
+
+
+def test_sigkill_of_the_last_stage_restarts_and_resumes_with_the_same_curve(tmp_path, monkeypatch, two_stages):
+    run_dir, _ = make_run(tmp_path, "killed", SPEC, gpus="1x2xA100", max_restarts=1, **RUN)
+    submit_with_cpu_env(run_dir, monkeypatch)
+    wait_for(lambda: started_steps(run_dir) >= 6, 240, "step 6")
+    os.kill(int((run_dir / "logs" / "pids" / "rank-1").read_text()), signal.SIGKILL)
+    st = wait_done(run_dir)
+    assert st["state"] == "SUCCEEDED", (run_dir / "logs" / "launcher.log").read_text()[-3000:]
+    assert [e["step"] for e in events(run_dir) if e["event"] == "resumed"] in ([4], [8])
+    got = curve(run_dir)
+    assert sorted(got) == STEPS
+    assert_same_curve(got, curve(two_stages))  # bitwise, as without pipelining
+    assert_same_weights(run_dir, two_stages)

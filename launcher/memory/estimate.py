@@ -262,3 +262,35 @@ def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, ranks: int) -
         "model_loading": max(0.0, loading - offloaded) * ranks,
     }
     return host, st.nvme * ranks
+
+
+def pipeline_stages(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> list[dict]:
+    """Every pipeline stage of a plan as the worker lays it out: its blocks (launcher/parallel/
+    split.py), the ranks and nodes holding it (pipe-major: stage s is ranks s*dp .. s*dp+dp-1, so
+    a stage's data-parallel group is consecutive ranks and stages cross nodes), and its estimated
+    peak per GPU. 1F1B keeps min(pp - s, accumulation) micro-batches in flight on stage s, so the
+    first stage holds the most activations, the last the logits and loss. Empty below pp 2."""
+    from launcher.parallel.split import stage_blocks
+
+    if spec.pp < 2:
+        return []
+    dp = check_parallelism(arch, spec, cluster.world_size)
+    targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
+    out, start, per_stage = [], 0, spec.tp * dp
+    for s, blocks in enumerate(stage_blocks(arch.layers, spec.pp)):
+        first, last = s == 0, s == spec.pp - 1
+        inflight = min(spec.pp - s, spec.grad_accum)
+        allocated = _stage(arch, spec, cluster, dp, blocks, first, last, inflight, targets)[0]
+        ranks = range(s * per_stage, (s + 1) * per_stage)
+        out.append({
+            "stage": s,
+            "blocks": [start, start + blocks - 1],  # inclusive, as the model numbers its layers
+            "embeddings": first,
+            "lm_head": last,
+            "micro_batches_in_flight": inflight,
+            "ranks": [ranks[0], ranks[-1]],
+            "nodes": sorted({r // cluster.gpus_per_node for r in ranks}),
+            "gpu_total_gib": round(device_figures(allocated, cluster.world_size)[1] / C.GIB, 3),
+        })
+        start += blocks
+    return out

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from launcher.errors import FtlaunchError, InvalidSpecError
 from launcher.hardware import ClusterSpec
 from launcher.memory.constants import GIB
-from launcher.memory.estimate import Estimate
+from launcher.memory.estimate import Estimate, pipeline_stages
 from launcher.models.arch import ModelArch
 from launcher.planner.constants import DEFAULT_MARGIN, DEFAULT_TOKENS_PER_STEP
 from launcher.planner.perf import Perf
@@ -143,6 +143,7 @@ class Plan:
             "tokens_per_step": self.tokens_per_step,
             "budget_gib": round(self.budget / GIB, 3),
             "memory": self.estimate.to_dict(self.cluster),
+            "pipeline_stages": pipeline_stages(self.arch, self.spec, self.cluster),
             "perf": self.perf.to_dict(),
         }
 
