@@ -6,9 +6,12 @@
   (>= 200 GB/s per node), never makes the best plan slower. Going from one node to two can be
   slower for a communication-bound plan (ZeRO-3 gathers all weights every micro-batch, and a
   node's network is slower than NVLink), and so can any doubling over a 100 Gb/s network or
-  less (PCIe servers, workstations): physics the planner reports as it is. An exhaustive run
-  over these models, methods and GPUs (3,780 pairs, sequences 256/2048/8192) found slower plans
-  on datacenter networks only from one node to two (2 cases), and no infeasible doubling.
+  less (PCIe servers, workstations): physics the planner reports as it is. So can a doubling
+  with almost no work per GPU: at 256 tokens per GPU per step the step is the gradient all-reduce,
+  whose ring factor (dp - 1) / dp grows while the compute it hides behind halves. An exhaustive
+  run of the 2 -> 4 and 4 -> 8 node pairs over these models, methods, sequences and datacenter
+  GPUs (3,780 pairs) found 8 slower plans, every one at 256 tokens per GPU per step (mistral-7b
+  full on H100: 53.4k -> 51.8k tokens/s), none from 512 up; the property is asserted from 512.
 * a longer sequence never lowers activation memory;
 * the same input gives the same plans in the same order.
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from launcher.cli import main
@@ -92,6 +95,7 @@ def test_twice_the_nodes_never_makes_a_plan_infeasible(model, method, seq, gpu, 
     per_batch=st.sampled_from([1, 2, 4]),
 )
 def test_twice_the_nodes_is_never_slower_on_a_datacenter_network(model, method, seq, gpu, nodes, per_batch):
+    assume(seq * per_batch >= 512)  # below, all-reduce-bound: may be slower (module docstring)
     a, b = _doubled(model, method, seq, gpu, nodes, per_batch)
     if a is not None:
         assert b is not None and b.perf.tokens_per_s >= a.perf.tokens_per_s
