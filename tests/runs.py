@@ -10,7 +10,7 @@ from pathlib import Path
 
 from launcher.emit import artifacts
 from launcher.hardware import parse_gpus
-from launcher.memory.estimate import estimate
+from launcher.memory.estimate import estimate, pipeline_stages
 from launcher.models.catalog import resolve_model
 from launcher.rundir import TrainingConfig
 from launcher.spec import TrainSpec
@@ -43,7 +43,7 @@ def make_run(
         cluster,
         dp,
         spec.micro_batch * spec.grad_accum * dp,
-        {"estimate": est.to_dict()},
+        {"estimate": est.to_dict(), "pipeline_stages": pipeline_stages(arch, spec, cluster)},
         cfg,
         max_restarts=max_restarts,
     )

@@ -102,3 +102,22 @@ def test_sigkill_of_the_last_stage_restarts_and_resumes_with_the_same_curve(tmp_
     assert sorted(got) == STEPS
     assert_same_curve(got, curve(two_stages))  # bitwise, as without pipelining
     assert_same_weights(run_dir, two_stages)
+
+
+def test_four_stages_of_a_four_layer_llama_train_the_curve_of_one_rank(tmp_path):
+    from launcher.models.catalog import CATALOG
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**CATALOG["tiny-llama"], "num_hidden_layers": 4}))
+    runs = {}
+    for name, spec, gpus in (("pp4", SPEC.with_(pp=4), "1x4xA100"), ("pp1", SPEC.with_(pp=1), "1x1xA100")):
+        run_dir, argv = make_run(tmp_path, name, spec, model=str(config), gpus=gpus, **RUN)
+        proc = run_torchrun(argv)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = run_dir
+    plan = json.loads((runs["pp4"] / "plan.json").read_text())["plan"]
+    assert [s["blocks"] for s in plan["pipeline_stages"]] == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    got = curve(runs["pp4"])
+    assert sorted(got) == STEPS
+    assert_same_curve(got, curve(runs["pp1"]))
+    assert final_eval(runs["pp4"]) == final_eval(runs["pp1"])
