@@ -167,3 +167,24 @@ def bullets(out, title: str, lines) -> None:
         out.print(f"[bold]{title}[/]")
         for line in lines:
             out.print(f"  - {line}")
+
+
+def stages_table(stages: list[dict]):
+    """One row per pipeline stage: its blocks, what else it holds, where it runs, its peak."""
+    rows = []
+    for st in stages:
+        held = (("embeddings", st["embeddings"]), ("norm + LM head", st["lm_head"]))
+        extra = [name for name, on in held if on]
+        ranks = st["ranks"]
+        rows.append((
+            str(st["stage"]),
+            f"{st['blocks'][0]}-{st['blocks'][1]}",
+            ", ".join(extra) or "-",
+            str(st["micro_batches_in_flight"]),
+            f"{ranks[0]}-{ranks[1]}" if ranks[1] > ranks[0] else str(ranks[0]),
+            ", ".join(map(str, st["nodes"])),
+            f"{st['gpu_total_gib']:.1f}",
+        ))
+    cols = ("stage", "blocks", "also holds", "in flight", "ranks", "node", "GPU GiB")
+    title = "pipeline stages (1F1B; the worker trains this split)"
+    return table(cols, rows, title=title, left=("also holds",))

@@ -250,29 +250,8 @@ def _plans_table(plans):
     return table((*cols, "tokens/s", "step s", "MFU"), rows, left=("offload", "ckpt"))
 
 
-def _stages_table(stages: list[dict]):
-    """One row per pipeline stage: its blocks, what else it holds, where it runs, its peak."""
-    from launcher.render import table
-
-    rows = []
-    for st in stages:
-        extra = [name for name, held in (("embeddings", st["embeddings"]), ("norm + LM head", st["lm_head"])) if held]
-        ranks = st["ranks"]
-        rows.append((
-            str(st["stage"]),
-            f"{st['blocks'][0]}-{st['blocks'][1]}",
-            ", ".join(extra) or "-",
-            str(st["micro_batches_in_flight"]),
-            f"{ranks[0]}-{ranks[1]}" if ranks[1] > ranks[0] else str(ranks[0]),
-            ", ".join(map(str, st["nodes"])),
-            f"{st['gpu_total_gib']:.1f}",
-        ))
-    cols = ("stage", "blocks", "also holds", "in flight", "ranks", "node", "GPU GiB")
-    return table(cols, rows, title="pipeline stages (1F1B; the worker trains this split)", left=("also holds",))
-
-
 def _print_chosen(out, plan: Plan, cost: dict) -> None:
-    from launcher.render import bar, breakdown_table, gib, secs, spec_line, table
+    from launcher.render import bar, breakdown_table, gib, secs, spec_line, stages_table, table
 
     e, node, perf = plan.estimate, plan.cluster.node, plan.perf
     out.print(f"[bold]chosen:[/] {spec_line(plan.spec, plan.dp)}")
@@ -288,7 +267,7 @@ def _print_chosen(out, plan: Plan, cost: dict) -> None:
     stages = pipeline_stages(plan.arch, plan.spec, plan.cluster)
     if stages:
         out.print()
-        out.print(_stages_table(stages))
+        out.print(stages_table(stages))
     out.print()
     step = perf.step_time_s
     rows = [

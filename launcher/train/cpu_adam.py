@@ -7,7 +7,8 @@ beta once more. A checkpoint holds the step count, not that product, and a resta
 recomputes it as pow(beta, t), which rounds differently in the last bit. Measured on this machine
 (2 ranks, bf16, ZeRO-1): the loaded state was bitwise the untouched run's, the gradients of the
 first step after the resume too, yet its update differed by one ulp, and the loss one step later by
-3.7e-5 -- a resumed run was never bitwise the run that was not stopped.
+3.7e-5. The two roundings agree after some step counts (1, 3, 4, 6, 7) and not after others (2, 5),
+so a fault test resuming at a lucky step passed bitwise and at an unlucky one did not.
 
 `replay_bias_correction` rebuilds the running product after a load: it calls the kernel once per
 step 1..t on empty tensors, which runs IncrementStep and updates nothing (t calls of a few
