@@ -109,3 +109,15 @@ def assert_same_weights(run_dir: Path, reference: Path) -> None:
     """Every rank of run_dir ended with the same weights, bitwise those of the reference run."""
     got, want = final_weights(run_dir), final_weights(reference)
     assert len(got) == 1 and got == want, (got, want)
+
+
+def assert_pipeline_export(final: Path, pp: int) -> None:
+    """A pipeline run's final model: one safetensors shard per stage, written by that stage, and
+    the index that makes them one Hugging Face model (no rank gathered the whole model)."""
+    import json
+
+    index = json.loads((final / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert shards == [f"model-{s:05d}-of-{pp:05d}.safetensors" for s in range(1, pp + 1)], shards
+    assert all((final / s).is_file() for s in shards) and (final / "config.json").is_file()
+    assert not (final / "model.safetensors").exists()

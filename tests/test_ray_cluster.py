@@ -22,7 +22,14 @@ from launcher.backends import ray as ray_backend
 from launcher.cli import main
 from launcher.rundir import read_run_dir, write_run_dir
 from launcher.spec import TrainSpec
-from tests.runs import ROOT, assert_same_curve, assert_same_weights, make_run, run_torchrun
+from tests.runs import (
+    ROOT,
+    assert_pipeline_export,
+    assert_same_curve,
+    assert_same_weights,
+    make_run,
+    run_torchrun,
+)
 from tests.test_train_faults import curve, events, started_steps, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -163,7 +170,7 @@ def test_a_pipeline_job_succeeds_with_the_curve_it_trains_under_torchrun(ray_clu
     assert sorted(curve(run_dir)) == list(range(1, 7))
     assert_same_curve(curve(run_dir), curve(local))  # the same two stages, under Ray Train's ranks
     assert_same_weights(run_dir, local)
-    assert (run_dir / "output" / "final" / "model.safetensors").is_file()
+    assert_pipeline_export(run_dir / "output" / "final", 2)
 
 
 def test_cancel_stops_the_job_and_its_ranks(ray_cluster, tmp_path, capsys):

@@ -26,6 +26,8 @@ CASES = {
     "zero1": BASE.with_(zero_stage=1),  # FusedAdam's CPU kernel
     "zero2-offload": BASE.with_(zero_stage=2, offload_optimizer="cpu"),  # DeepSpeedCPUAdam, as on GPUs
     "pp2": BASE.with_(pp=2, zero_stage=1),  # the pipeline engine
+    # the pipeline engine with DeepSpeedCPUAdam: what the planner picks for a 70B across slow links
+    "pp2-offload": BASE.with_(pp=2, zero_stage=1, offload_optimizer="cpu"),
 }
 
 

@@ -37,7 +37,7 @@ import pytest
 from launcher.backends import slurm, slurm_cluster
 from launcher.cli import main
 from launcher.train import checkpoint as ckpt
-from tests.runs import ROOT, assert_same_curve, cpu_env
+from tests.runs import ROOT, assert_pipeline_export, assert_same_curve, cpu_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 pytest.importorskip("deepspeed")
@@ -278,7 +278,7 @@ def test_a_pipeline_job_with_one_stage_per_node_completes_with_the_curve_of_one_
     log = slurm.log_path(run_dir, job_id(run_dir)).read_text()
     assert st["state"] == "COMPLETED", log[-3000:]
     assert sorted(curve(run_dir)) == list(range(1, 7))
-    assert (run_dir / "output" / "final" / "model.safetensors").is_file()
+    assert_pipeline_export(run_dir / "output" / "final", 2)
     # the same plan on one node's two ranks under torchrun trains the same curve, bitwise
     local = write_run(tmp_path, "pipe-local", [*PIPELINE, "--backend", "torchrun", "--gpus", "1x2xA100"], capsys)
     assert ft("launch", str(local), "--skip-preflight", capsys=capsys) == 0

@@ -216,8 +216,7 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
     comps["allocator_margin"] = reserved - allocated
     comps["cuda_context_nccl"] = gpu_total - reserved
 
-    ranks = min(cluster.world_size, cluster.gpus_per_node)
-    host, nvme = _host_and_nvme(arch, spec, st, ranks)
+    host, nvme = _host_and_nvme(arch, spec, st, cluster, dp)
     trainable_total = S.trainable_params(arch, spec)
     return Estimate(
         components={k: comps[k] for k in COMPONENTS},
@@ -246,22 +245,46 @@ def device_figures(allocated: float, world_size: int) -> tuple[float, float]:
     return reserved, reserved + outside
 
 
-def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, ranks: int) -> tuple[dict, float]:
-    """Host RAM per node: baseline per rank, offloaded states, or model loading, whichever is
-    larger (loading is over before the optimizer's offloaded states are created)."""
+def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, cluster: ClusterSpec, dp: int) -> tuple[dict, float]:
+    """Host RAM of the busiest node: per rank a baseline plus the larger of its offloaded states
+    and what it materialises while the model loads (loading is over before the optimizer's
+    offloaded states exist). Ranks are pipe-major, so a node's ranks may hold different stages."""
+    ranks = min(cluster.world_size, cluster.gpus_per_node)
+    per_stage = [(_loading(arch, spec, arch.total_params), st.host)]
+    if spec.pp > 1:
+        from launcher.parallel.split import stage_blocks
+
+        per_stage = []
+        for s, n in enumerate(stage_blocks(arch.layers, spec.pp)):
+            p = S.stage_params(arch, spec, n, s == 0, s == spec.pp - 1)
+            per_stage.append((_loading(arch, spec, p.total), S.model_states(spec, p, dp).host))
+    g, per = cluster.gpus_per_node, spec.tp * dp
+    best = None
+    for node in range(-(-cluster.world_size // g)):
+        held = [per_stage[min(r // per, len(per_stage) - 1)] for r in range(node * g, min((node + 1) * g, cluster.world_size))]
+        host = {
+            "baseline": C.HOST_BASELINE_PER_RANK_GIB * C.GIB * len(held),
+            "offloaded_states": sum(off for _, off in held),
+            "model_loading": sum(max(0.0, load - off) for load, off in held),
+        }
+        if best is None or sum(host.values()) > sum(best.values()):
+            best = host
+    return best, st.nvme * ranks
+
+
+def _loading(arch: ModelArch, spec: TrainSpec, stage_params: float) -> float:
+    """Bytes one rank materialises on the CPU while the model loads (launcher/train/model.py):
+    the whole model under ZeRO-0/1/2; one checkpoint shard at a time under zero.Init or quantised
+    loading; a pipeline rank only its own stage (launcher/train/weights.py), for the families
+    whose checkpoints it reads by tensor name."""
+    from launcher.parallel.split import STAGE_READ_FAMILIES
+
     e = 4 if spec.precision == "fp32" else 2
     if spec.zero_stage == 3 or spec.method == "qlora":
-        # zero.Init / quantised loading: one checkpoint shard per rank at a time
-        loading = min(C.HF_SHARD_BYTES, arch.total_params * e)
-    else:
-        loading = arch.total_params * e  # every rank materialises the whole model on the CPU
-    offloaded = st.host
-    host = {
-        "baseline": C.HOST_BASELINE_PER_RANK_GIB * C.GIB * ranks,
-        "offloaded_states": offloaded * ranks,
-        "model_loading": max(0.0, loading - offloaded) * ranks,
-    }
-    return host, st.nvme * ranks
+        return min(C.HF_SHARD_BYTES, arch.total_params * e)
+    if spec.pp > 1 and arch.model_type in STAGE_READ_FAMILIES:
+        return stage_params * e
+    return arch.total_params * e
 
 
 def pipeline_stages(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> list[dict]:

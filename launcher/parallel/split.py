@@ -9,6 +9,10 @@ import math
 # Families whose Hugging Face decoder layer takes (hidden, attention_mask, position_ids,
 # position_embeddings) with rotary embeddings computed by the model: launcher/parallel/stages.py
 PIPELINE_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
+# Families whose checkpoints name every tensor as the model does, so a pipeline rank reads only
+# its stage's tensors (launcher/train/weights.py); the others (Mixtral's per-expert tensors, which
+# transformers fuses while loading) load whole on every rank, then free the other stages
+STAGE_READ_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 def stage_blocks(layers: int, pp: int) -> list[int]:

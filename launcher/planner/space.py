@@ -8,9 +8,9 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
                 tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
                 so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
-  pp            1, unless pinned; a pinned pp runs on DeepSpeed's pipeline engine (ZeRO-1) for the
-                families with a stage adapter (launcher/parallel/split.py), must divide world / tp
-                and leave every stage at least one block
+  pp            the degrees that divide world / tp and leave every stage at least one block, for
+                the families with a stage adapter (launcher/parallel/split.py; others: 1); pp > 1
+                runs on DeepSpeed's pipeline engine under ZeRO-1, stages placed pipe-major
   grad_ckpt     none, selective, full
   micro_batch   MICRO_BATCHES, with the accumulation that reaches the global batch exactly
                 (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate
@@ -124,10 +124,12 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
                 f"a layer; use --pp {' or '.join(map(str, ok[-4:]))}"
             )
         return [pinned]
-    # Unpinned, the search stays at pp 1 for now: the speed model's pipeline terms (1F1B bubble,
-    # activations between stages) are not yet checked against measured pipeline runs, and a
-    # pipeline plan ranked by them could displace a better ZeRO plan.
-    return [1]
+    # Unpinned: every degree that divides the GPUs left by TP and leaves each stage a block, for
+    # a model the worker can pipeline (the others stay at pp 1 without a word: ZeRO shards them)
+    arch = request.arch
+    if pipeline_refusal(arch.model_type, arch.tied_embeddings, arch.name) is not None:
+        return [1]
+    return [p for p in range(1, min(layers, rest) + 1) if rest % p == 0 and sensible_pp(layers, p)]
 
 
 def _pinned_spec(request: Request, base: TrainSpec) -> None:

@@ -94,29 +94,51 @@ class Pipeline:
         return float(loss)
 
     def export(self, tokenizer, out: Path, rank: int) -> None:
-        """ONE Hugging Face model directory (safetensors; the adapter alone for LoRA): every
-        stage's first data-parallel rank sends its trained weights to rank 0, which loads them
-        into its copy of the model and saves it. Collective."""
+        """ONE Hugging Face model directory, gathered from the stages without any rank holding
+        the whole model: each stage's first data-parallel rank writes its own safetensors shard
+        (model-0000s-of-0000p) and rank 0 the index, config and tokenizer. LoRA: the adapter
+        alone (small), sent to rank 0, which saves it as one PEFT adapter. Collective."""
         import torch
 
+        from launcher.parallel.stages import causal_lm
+
         out.mkdir(parents=True, exist_ok=True)
-        mine = {}
-        if self.dp_rank == 0:
-            mine = {
-                n: p.detach().to("cpu", copy=True)
-                for n, p in self.local
-                if p.requires_grad or not self.spec.trains_adapters
-            }
+        stage = rank // (self.dp * self.spec.tp)
         world = torch.distributed.get_world_size()
         gathered = [None] * world if rank == 0 else None
-        torch.distributed.gather_object(mine, gathered, dst=0)
+        if self.spec.trains_adapters:
+            mine = {n: p.detach().to("cpu", copy=True) for n, p in self.local if p.requires_grad}
+            torch.distributed.gather_object(mine if self.dp_rank == 0 else {}, gathered, dst=0)
+            if rank == 0:
+                self.model.save_pretrained(str(out), state_dict={k: v for part in gathered for k, v in part.items()})
+        else:
+            shard = f"model-{stage + 1:05d}-of-{self.spec.pp:05d}.safetensors"
+            sizes = {}
+            if self.dp_rank == 0:
+                from safetensors.torch import save_file
+
+                tensors = {
+                    n: t.detach().to("cpu").contiguous()
+                    for n, t in causal_lm(self.model).state_dict().items()
+                    if not t.is_meta
+                }
+                save_file(tensors, str(out / shard), metadata={"format": "pt"})
+                sizes = {n: (shard, t.numel() * t.element_size()) for n, t in tensors.items()}
+            torch.distributed.gather_object(sizes, gathered, dst=0)
+            if rank == 0:
+                import json
+
+                where = {n: v for part in gathered for n, v in part.items()}
+                index = {
+                    "metadata": {"total_size": sum(size for _, size in where.values())},
+                    "weight_map": {n: where[n][0] for n in sorted(where)},
+                }
+                (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+                lm = causal_lm(self.model)
+                lm.config.save_pretrained(str(out))
+                if lm.generation_config is not None:
+                    lm.generation_config.save_pretrained(str(out))
         if rank == 0:
-            params = dict(self.model.named_parameters())
-            with torch.no_grad():
-                for part in gathered:
-                    for name, value in part.items():
-                        params[name].copy_(value)
-            self.model.save_pretrained(str(out))
             tokenizer.save_pretrained(str(out))
         torch.distributed.barrier()
 

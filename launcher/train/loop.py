@@ -184,7 +184,8 @@ def train(run_dir: Path) -> int:
         from transformers.integrations import HfDeepSpeedConfig
 
         hf_ds = HfDeepSpeedConfig(ds_config)  # noqa: F841  keeps zero.Init active for from_pretrained
-    model = build_model(run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout)
+    stage = rank // (world // spec.pp) if spec.pp > 1 else None  # pipe-major ranks (engines.Pipeline)
+    model = build_model(run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout, stage)
     params = [p for p in model.parameters() if p.requires_grad]
     warmup = cfg.warmup_steps
 

@@ -95,19 +95,30 @@ def selective_checkpoint_context():
     return create_selective_checkpoint_contexts(policy)
 
 
-def build_model(hf_config: dict, source: str, spec: TrainSpec, init: str, seed: int, lora_dropout: float):
+def build_model(
+    hf_config: dict, source: str, spec: TrainSpec, init: str, seed: int, lora_dropout: float, stage: int | None = None
+):
+    """The model a rank trains. `stage` (pipeline plans): only that stage's modules are
+    materialised (launcher/train/weights.py); the rest stay on the meta device."""
     import torch
     import transformers
+
+    from launcher.train import weights
 
     dtype = torch_dtype(spec.precision)
     attn = ATTN[spec.attention] if hf_config.get("model_type") != "bloom" else "eager"
     cfg = copy.deepcopy(hf_config)  # transformers rewrites nested rope dicts in place
     model_type = cfg.pop("model_type")
-    if init == "random":
-        torch.manual_seed(seed)
-        config = transformers.AutoConfig.for_model(model_type, **cfg)
-        config._attn_implementation = attn
+    config = transformers.AutoConfig.for_model(model_type, **cfg)
+    config._attn_implementation = attn
+    if stage is not None and spec.method != "qlora":
+        try:
+            model = weights.stage_model(config, source, init, seed, spec.pp, stage, dtype)
+        except weights.StageLoadError as exc:
+            raise ModelLoadError(str(exc)) from None
+    elif init == "random":
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        weights.seeded_init(model, seed)  # the values a pipeline stage builds for the same names
     else:
         kwargs = {"dtype": dtype, "attn_implementation": attn}
         if spec.method == "qlora":
@@ -123,6 +134,7 @@ def build_model(hf_config: dict, source: str, spec: TrainSpec, init: str, seed: 
             model = transformers.AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load model {source!r}: {str(exc).splitlines()[0]}") from None
+    torch.manual_seed(seed)  # what draws next (LoRA's init) draws the same in every layout
     model.config.use_cache = False
     if spec.grad_ckpt != "none":
         kwargs = {"use_reentrant": False}

@@ -1,0 +1,181 @@
+"""Where a rank's weights come from: a random init that does not depend on the layout, and
+pipeline ranks that materialise only their own stage.
+
+- `seeded_init`: every module is initialised by the model's own `_init_weights` from a generator
+  seeded by (seed, the module's name), so a parameter's random value is the same whether the
+  rank built the whole model or one stage of it (a pipeline run trains the curve of one rank).
+- `stage_model`: a meta-device skeleton of the whole model in which only the modules a pipeline
+  stage runs are real -- initialised by `seeded_init`, or read from the checkpoint's safetensors
+  by tensor name (memory-mapped, one tensor at a time) -- so host RAM per rank is about its
+  stage, not the model (launcher/memory/estimate.py counts it so).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.errors import FtlaunchError
+
+Keep = Callable[[str], bool]  # module name (dotted, "" for the root) -> materialise it?
+
+
+class StageLoadError(FtlaunchError):
+    pass
+
+
+def module_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}:{name}".encode()).digest()[:8], "little") >> 1
+
+
+def _walk(module, prefix: str, owner, visit) -> None:
+    """transformers' init order (children first, then the module), each module with the
+    pretrained model that owns its `_init_weights` (a nested PreTrainedModel brings its own)."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    for name, child in module.named_children():
+        _walk(child, f"{prefix}{name}.", child if isinstance(child, PreTrainedModel) else owner, visit)
+    visit(module, prefix.rstrip("."), owner)
+
+
+def _own(module) -> list:
+    return [t for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)) if t is not None]
+
+
+def seeded_init(model, seed: int, keep: Keep | None = None) -> None:
+    """(Re-)initialise every module `keep` selects (all by default) in place, from its own seed.
+    Meta-device modules it selects are given CPU storage first. A tensor shared by two modules
+    (tied weights) takes the first module's init, as transformers' init-then-tie does."""
+    import torch
+    from transformers import initialization as init
+
+    done: set[int] = set()
+
+    def visit(module, name: str, owner) -> None:
+        own = _own(module)
+        if not own or (keep is not None and not keep(name)) or all(id(t) in done for t in own):
+            return
+        if any(t.is_meta for t in own):
+            module.to_empty(device="cpu", recurse=False)
+            own = _own(module)
+        torch.manual_seed(module_seed(seed, name))
+        with torch.no_grad(), init.guard_torch_init_functions():
+            owner._init_weights(module)
+        done.update(id(t) for t in own)
+
+    _walk(model, "", model, visit)
+
+
+def stage_keep(config, pp: int, stage: int) -> Keep:
+    """The module names pipeline stage `stage` of `pp` runs (launcher/parallel/stages.py): its
+    decoder blocks, the embeddings on the first stage, the final norm and LM head on the last,
+    and the rotary embedding everywhere (every block computes its own)."""
+    from launcher.parallel.split import stage_blocks
+
+    blocks = stage_blocks(config.num_hidden_layers, pp)
+    start = sum(blocks[:stage])
+    mine = {f"model.layers.{i}" for i in range(start, start + blocks[stage])}
+    if stage == 0:
+        mine.add("model.embed_tokens")
+    if stage == pp - 1:
+        mine.update({"model.norm", "lm_head"})
+    mine.add("model.rotary_emb")
+
+    def keep(name: str) -> bool:
+        return any(name == m or name.startswith(m + ".") for m in mine)
+
+    return keep
+
+
+def _checkpoint_files(source: str) -> list[Path]:
+    """The safetensors files of a local model directory or of a hub model already in the cache."""
+    root = Path(source)
+    if not root.is_dir():
+        from huggingface_hub import snapshot_download
+
+        try:
+            root = Path(snapshot_download(source, local_files_only=True, allow_patterns=["*.safetensors", "*.json"]))
+        except Exception as exc:  # noqa: BLE001 - the hub raises many kinds; the message says which
+            raise StageLoadError(f"cannot find {source!r}'s weights offline: {str(exc).splitlines()[0]}") from None
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [root / n for n in names]
+    single = root / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise StageLoadError(
+        f"{source!r} has no safetensors weights (model.safetensors or its index): a pipeline rank reads "
+        "only its stage's tensors by name from safetensors; convert the checkpoint "
+        "(transformers: from_pretrained(...).save_pretrained(dir)) and point --model at that directory"
+    )
+
+
+def load_stage(model, source: str, keep: Keep) -> None:
+    """Fill the meta-device skeleton's selected modules from the checkpoint by tensor name (cast
+    to the skeleton's dtype, as from_pretrained casts), then compute the buffers a checkpoint
+    does not hold (RoPE's inv_freq) as the model's init does."""
+    import torch
+    from safetensors import safe_open
+
+    wanted = {}
+    for mod_name, module in model.named_modules():
+        if not keep(mod_name) or not list(module.parameters(recurse=False)):
+            continue
+        module.to_empty(device="cpu", recurse=False)
+        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            wanted[f"{mod_name}.{name}" if mod_name else name] = t
+    found = set()
+    for path in _checkpoint_files(source):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                if key not in wanted:
+                    continue
+                value, target = f.get_tensor(key), wanted[key]
+                if value.shape != target.shape:
+                    raise StageLoadError(
+                        f"{path.name}: {key} has shape {tuple(value.shape)}, the model "
+                        f"{tuple(target.shape)}: the checkpoint is not this model's config"
+                    )
+                with torch.no_grad():
+                    target.copy_(value)
+                found.add(key)
+    persistent = set(model.state_dict().keys())
+    missing = sorted(k for k in wanted if k in persistent and k not in found)
+    if missing:
+        raise StageLoadError(
+            f"{source!r} does not hold {missing[0]} (and {len(missing) - 1} more of this stage's tensors) "
+            "under the names transformers gives them, so a stage cannot be read by name; save the model with "
+            "save_pretrained and point --model at that directory, or plan without --pp"
+        )
+    seeded_init(model, 0, lambda name: keep(name) and not list(model.get_submodule(name).parameters(recurse=False)))
+
+
+def stage_model(config, source: str, init: str, seed: int, pp: int, stage: int, dtype):
+    """The causal LM with only pipeline stage `stage`'s modules on the CPU (the rest on the meta
+    device, never allocated): from the config (`init` random) or the checkpoint."""
+    import torch
+    import transformers
+
+    from launcher.parallel.split import STAGE_READ_FAMILIES
+
+    keep = stage_keep(config, pp, stage)
+    if init == "pretrained" and config.model_type not in STAGE_READ_FAMILIES:
+        # checkpoints transformers converts while loading (Mixtral's per-expert tensors become
+        # fused ones): load whole, then free what other stages run
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation=config._attn_implementation
+        )
+        for name, module in model.named_modules():
+            if _own(module) and not keep(name):
+                module._apply(lambda t: t.to("meta"), recurse=False)
+        return model
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if init == "random":
+        seeded_init(model, seed, keep)
+    else:
+        load_stage(model, source, keep)
+    return model

@@ -1,0 +1,101 @@
+"""A pipeline rank materialises only its stage (launcher/train/weights.py), and what it builds is
+bitwise what the whole model holds under the same names: from the config (random init seeded per
+module, so the layout cannot change a value) and from a safetensors checkpoint read by name. The
+bytes a stage allocates are what the memory model's host term counts for it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from launcher.models.catalog_configs import CONFIGS
+from launcher.spec import TrainSpec
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from launcher.train.model import ModelLoadError, build_model  # noqa: E402
+
+LLAMA = dict(copy.deepcopy(CONFIGS["tiny-llama"]), num_hidden_layers=4)
+FAMILIES = {
+    "llama": LLAMA,
+    "mistral": dict(LLAMA, model_type="mistral", architectures=["MistralForCausalLM"], sliding_window=16),
+    "qwen2": dict(LLAMA, model_type="qwen2", architectures=["Qwen2ForCausalLM"]),
+    "qwen3": dict(LLAMA, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16),
+    "mixtral": dict(
+        LLAMA, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2
+    ),
+}
+SPEC = TrainSpec(pp=2, zero_stage=1, micro_batch=1, grad_accum=2, seq_len=64)
+
+
+def tensors(model) -> dict:
+    return {n: t for n, t in [*model.named_parameters(), *model.named_buffers()] if not t.is_meta}
+
+
+def stage_names(model, pp: int, stage: int) -> set[str]:
+    from launcher.parallel.split import stage_blocks
+
+    blocks = stage_blocks(4, pp)
+    start = sum(blocks[:stage])
+    mine = {f"model.layers.{i}." for i in range(start, start + blocks[stage])} | {"model.rotary_emb."}
+    mine |= {"model.embed_tokens."} if stage == 0 else set()
+    mine |= {"model.norm.", "lm_head."} if stage == pp - 1 else set()
+    return {n for n in tensors(model) if any(n.startswith(m) for m in mine)}
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    hf = FAMILIES[request.param]
+    whole = build_model(hf, "", SPEC, "random", 3, 0.0)
+    ckpt = tmp_path_factory.mktemp(request.param)
+    whole.save_pretrained(str(ckpt))
+    return request.param, hf, whole, str(ckpt)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("init", ["random", "pretrained"])
+def test_every_stage_builds_exactly_its_part_of_the_whole_model(family, pp, init):
+    name, hf, whole, ckpt = family
+    want = tensors(whole)
+    for stage in range(pp):
+        got = tensors(build_model(hf, ckpt if init == "pretrained" else "", SPEC.with_(pp=pp), init, 3, 0.0, stage))
+        assert set(got) == stage_names(whole, pp, stage), (name, stage)
+        assert [n for n in got if not torch.equal(got[n], want[n])] == [], (name, pp, stage, init)
+
+
+def test_lora_adapters_of_a_stage_equal_the_whole_models():
+    spec = SPEC.with_(method="lora")
+    want = tensors(build_model(LLAMA, "", spec, "random", 3, 0.0))
+    for stage in range(2):
+        got = tensors(build_model(LLAMA, "", spec, "random", 3, 0.0, stage))
+        assert any("lora_A" in n for n in got)
+        assert [n for n in got if not torch.equal(got[n], want[n])] == []
+
+
+def test_a_stage_allocates_what_the_memory_model_counts_for_its_loading():
+    from launcher.memory import states as S
+    from launcher.models.hf_config import arch_from_hf_config
+    from launcher.parallel.split import stage_blocks
+
+    arch = arch_from_hf_config(LLAMA, "tiny-llama-4")
+    for pp in (2, 4):
+        blocks = stage_blocks(4, pp)
+        for stage in range(pp):
+            model = build_model(LLAMA, "", SPEC.with_(pp=pp), "random", 3, 0.0, stage)
+            params = sum(t.numel() for n, t in model.named_parameters() if not t.is_meta)
+            counted = S.stage_params(arch, SPEC.with_(pp=pp), blocks[stage], stage == 0, stage == pp - 1).total
+            assert params == counted, (pp, stage)
+
+
+def test_a_checkpoint_without_this_stages_tensors_is_one_clear_error(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({"model.embed_tokens.weight": torch.zeros(512, 64, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ModelLoadError, match="does not hold lm_head.weight"):
+        build_model(LLAMA, str(tmp_path), SPEC, "pretrained", 3, 0.0, stage=1)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ModelLoadError, match="no safetensors weights"):
+        build_model(LLAMA, str(empty), SPEC, "pretrained", 3, 0.0, stage=0)
