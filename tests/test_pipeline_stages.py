@@ -9,9 +9,8 @@ import torch
 
 from launcher.models.catalog import resolve_model
 from launcher.models.catalog_configs import CONFIGS
-from launcher.parallel.split import PIPELINE_FAMILIES, pipeline_refusal, stage_blocks
+from launcher.parallel.split import PIPELINE_FAMILIES, balanced_blocks, even_blocks, pipeline_refusal
 from launcher.parallel.stages import boundaries, causal_lm_loss, stage_layers
-from launcher.planner.perf import stage_layers as perf_stage_layers
 
 SHRINK = {
     "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -67,21 +66,34 @@ def test_stages_in_sequence_give_the_models_loss_and_gradients(model_type):
         torch.testing.assert_close(p.grad, want_grads[n], rtol=1e-5, atol=1e-7, msg=n)
 
 
-def test_split_is_the_memory_models():
-    for layers, pp in [(2, 2), (32, 4), (80, 3), (70, 12), (30, 4)]:
-        blocks = stage_blocks(layers, pp)
+def test_the_balanced_split_gives_every_block_and_evens_the_peaks():
+    # peaks: stage 0 carries 3 blocks' worth extra (embeddings + micro-batches in flight), the
+    # last 2 (LM head + logits): they get fewer blocks, the middle ones more
+    def peak(s, n, pp):
+        return n + (3 if s == 0 else 0) + (2 if s == pp - 1 else 0)
+
+    for layers, pp in [(2, 2), (32, 4), (80, 3), (70, 12), (30, 4), (80, 8)]:
+        blocks = balanced_blocks(layers, pp, lambda s, n, pp=pp: peak(s, n, pp), head_blocks=0.0)
         assert sum(blocks) == layers and len(blocks) == pp and min(blocks) >= 1
-        assert (blocks[0], blocks[-1]) == perf_stage_layers(layers, pp)
-        parts = boundaries(layers, pp)
+        even = even_blocks(layers, pp)
+        assert sorted(even) == sorted(blocks) or max(blocks) <= max(even)  # never slower
+        peaks = [peak(s, n, pp) for s, n in enumerate(blocks)]
+        assert max(peaks) <= max(peak(s, n, pp) for s, n in enumerate(even))
+        parts = boundaries(blocks)
         assert parts[0] == 0 and parts[-1] == layers + 2  # embedding first, head last
         assert [b - a for a, b in zip(parts, parts[1:], strict=False)] == [
             blocks[0] + 1, *blocks[1:-1], blocks[-1] + 1
         ]
+    # no room without slowing down: 80 / 8 leaves every stage at 10 blocks
+    assert balanced_blocks(80, 8, lambda s, n: peak(s, n, 8), head_blocks=0.0) == [10] * 8
+    # an LM head worth 2.5 blocks of compute: the others may take up to 12 (10 + 2.5 is the pace),
+    # and the first and last stages, heavier in memory, hand blocks to the middle
+    assert balanced_blocks(80, 8, lambda s, n: peak(s, n, 8), head_blocks=2.5) == [8, 11, 11, 11, 11, 10, 10, 8]
 
 
 def test_the_plans_stage_table_is_the_workers_split_placed_pipe_major_with_the_estimates_peak():
     from launcher.hardware import parse_gpus
-    from launcher.memory.estimate import estimate, pipeline_stages
+    from launcher.memory.estimate import estimate, pipeline_stages, stage_split
     from launcher.spec import TrainSpec
 
     arch, cluster = resolve_model("llama-3.1-70b"), parse_gpus("4x8xA100-80GB")
@@ -89,7 +101,7 @@ def test_the_plans_stage_table_is_the_workers_split_placed_pipe_major_with_the_e
         spec = TrainSpec(pp=pp, zero_stage=1, micro_batch=1, grad_accum=accum)
         stages = pipeline_stages(arch, spec, cluster)
         dp = cluster.world_size // pp
-        assert [s["blocks"][1] - s["blocks"][0] + 1 for s in stages] == stage_blocks(arch.layers, pp)
+        assert [s["blocks"][1] - s["blocks"][0] + 1 for s in stages] == stage_split(arch, spec, cluster, dp)
         assert stages[0]["blocks"][0] == 0 and stages[-1]["blocks"][1] == arch.layers - 1
         assert all(a["blocks"][1] + 1 == b["blocks"][0] for a, b in zip(stages, stages[1:], strict=False))
         assert [s["ranks"] for s in stages] == [[i * dp, i * dp + dp - 1] for i in range(pp)]

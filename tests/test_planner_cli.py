@@ -188,3 +188,24 @@ def test_planning_imports_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_full_70b_across_slow_links_picks_pipeline_stages_and_says_why_against_zero3(capsys):
+    # issue 17's example: at 3 GB/s between nodes ZeRO-3 moves every weight over the slow link
+    # three times a step; 8 stages move only activations, and each stage's data-parallel group
+    # stays inside its node (pipe-major ranks), so its gradient reduction runs on NVLink
+    argv = ["plan", "--model", "llama-3.1-70b", "--gpus", "4x8xA100-80GB", "--inter-node-bandwidth", "3"]
+    code, data, _ = run_json(argv, capsys)
+    assert code == 0
+    best = data["plans"][0]
+    assert best["pp"] > 1 and best["spec"]["zero_stage"] == 1
+    stages = best["pipeline_stages"]
+    assert len(stages) == best["pp"] and all(len(s["nodes"]) == 1 for s in stages)
+    # per-stage loading: no node materialises more than its own stages' weights
+    assert best["memory"]["host_fits"]
+    against = [w for w in data["why"] if "best ZeRO-3 (" in w]
+    assert against and "zero comm" in against[0]
+    zero3 = [p for p in data["plans"] if p["spec"]["zero_stage"] == 3]
+    assert all(p["perf"]["tokens_per_s"] < best["perf"]["tokens_per_s"] / 2 for p in zero3)
+    code, text, _ = run(argv, capsys)
+    assert "pipeline stages" in text and "over the best ZeRO-3" in text

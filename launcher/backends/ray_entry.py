@@ -230,5 +230,7 @@ if __name__ == "__main__":
     from launcher.backends import ray_entry
 
     if sys.argv[1:2] == ["--rank"]:
-        sys.exit(ray_entry.rank_main(sys.argv[2]))
+        from launcher.train.loop import exit_process
+
+        exit_process(ray_entry.rank_main(sys.argv[2]))
     sys.exit(ray_entry.main())

@@ -21,6 +21,7 @@ from launcher.hardware import ClusterSpec
 from launcher.memory import activations as A
 from launcher.memory import constants as C
 from launcher.memory import states as S
+from launcher.memory.memo import ArchMemo
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
 
@@ -108,6 +109,38 @@ def check_parallelism(arch: ModelArch, spec: TrainSpec, world: int) -> int:
             "pick degrees whose product divides the GPU count"
         )
     return world // (tp * pp)
+
+
+_SPLITS = ArchMemo()
+
+
+def stage_split(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int) -> list[int]:
+    """Blocks per pipeline stage, balanced by this memory model (split.balanced_blocks): the first
+    stage also holds the embeddings and the most micro-batches in flight, the last the LM head
+    and the logits, so they take fewer blocks than the middle ones, as far as that keeps every
+    stage as fast as the slowest of the split by layer count. Balanced at micro-batch 1
+    with 1F1B's full depth in flight (pp - s on stage s), so one split serves every micro-batch
+    and accumulation of a configuration: its host RAM is theirs, and its peak grows with the
+    micro-batch (the planner's pruning relies on both). plan.json carries the split
+    (pipeline_stages) and the worker trains exactly it. [layers] at pp 1."""
+    from launcher.parallel.split import balanced_blocks
+
+    if spec.pp == 1:
+        return [arch.layers]
+    S.layers_per_stage(arch.layers, spec.pp)
+    ref = spec.with_(micro_batch=1, grad_accum=spec.pp)
+    targets = S.lora_targets(arch, ref) if ref.trains_adapters else set()
+    pp = spec.pp
+
+    def peak(s: int, blocks: int) -> float:
+        return _stage(arch, ref, cluster, dp, blocks, s == 0, s == pp - 1, pp - s, targets)[0]
+
+    def split() -> tuple[int, ...]:
+        block = S.stage_params(arch, ref, 1, False, False).total
+        head = S.stage_params(arch, ref, 1, False, True).total - block  # matmul FLOPs go with params
+        return tuple(balanced_blocks(arch.layers, pp, peak, head / block))
+
+    return list(_SPLITS.get(arch, (ref, cluster, dp), split))
 
 
 def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
@@ -198,16 +231,9 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
             "second moment is not factored (4 B/param); fp32 with --zero-stage 0 keeps it factored"
         )
     pp = spec.pp
-    per_stage = S.layers_per_stage(arch.layers, pp)
-    if pp == 1:
-        stages = [(arch.layers, True, True, 1)]
-    else:
-        inflight = min(pp, spec.grad_accum)
-        last_layers = max(1, arch.layers - per_stage * (pp - 1))
-        stages = [(per_stage, True, False, inflight), (last_layers, False, True, 1)]
     best = None
-    for layers, first, last, inflight in stages:
-        r = _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets)
+    for s, layers in enumerate(stage_split(arch, spec, cluster, dp)):
+        r = _stage(arch, spec, cluster, dp, layers, s == 0, s == pp - 1, min(pp - s, spec.grad_accum), targets)
         if best is None or r[0] > best[0]:
             best = r
     allocated, comps, phase, st, p, per_layer, grads_full = best
@@ -252,10 +278,8 @@ def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, cluster: Clus
     ranks = min(cluster.world_size, cluster.gpus_per_node)
     per_stage = [(_loading(arch, spec, arch.total_params), st.host)]
     if spec.pp > 1:
-        from launcher.parallel.split import stage_blocks
-
         per_stage = []
-        for s, n in enumerate(stage_blocks(arch.layers, spec.pp)):
+        for s, n in enumerate(stage_split(arch, spec, cluster, dp)):
             p = S.stage_params(arch, spec, n, s == 0, s == spec.pp - 1)
             per_stage.append((_loading(arch, spec, p.total), S.model_states(spec, p, dp).host))
     g, per = cluster.gpus_per_node, spec.tp * dp
@@ -293,14 +317,12 @@ def pipeline_stages(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> l
     a stage's data-parallel group is consecutive ranks and stages cross nodes), and its estimated
     peak per GPU. 1F1B keeps min(pp - s, accumulation) micro-batches in flight on stage s, so the
     first stage holds the most activations, the last the logits and loss. Empty below pp 2."""
-    from launcher.parallel.split import stage_blocks
-
     if spec.pp < 2:
         return []
     dp = check_parallelism(arch, spec, cluster.world_size)
     targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
     out, start, per_stage = [], 0, spec.tp * dp
-    for s, blocks in enumerate(stage_blocks(arch.layers, spec.pp)):
+    for s, blocks in enumerate(stage_split(arch, spec, cluster, dp)):
         first, last = s == 0, s == spec.pp - 1
         inflight = min(spec.pp - s, spec.grad_accum)
         allocated = _stage(arch, spec, cluster, dp, blocks, first, last, inflight, targets)[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from launcher.parallel.split import pipeline_refusal, stage_blocks
+from launcher.parallel.split import pipeline_refusal
 
 IGNORE = -100
 
@@ -90,24 +90,26 @@ def stage_layers(model) -> list[nn.Module]:
     return [Embed(inner.embed_tokens), *blocks, Head(inner.norm, lm.lm_head)]
 
 
-def boundaries(layers: int, pp: int) -> list[int]:
+def boundaries(blocks: list[int]) -> list[int]:
     """DeepSpeed's `parts` for [Embed, blocks..., Head]: the embedding joins the first stage and
-    the head the last, the blocks split as the memory model counts them (split.stage_blocks)."""
+    the head the last, the blocks split as the plan says (blocks per stage, memory-balanced by
+    launcher/memory/estimate.stage_split)."""
     parts, at = [0], 1
-    for n in stage_blocks(layers, pp):
+    for n in blocks:
         at += n
         parts.append(at)
-    parts[-1] = layers + 2
+    parts[-1] = sum(blocks) + 2
     return parts
 
 
-def pipeline_module(model, pp: int):
-    """The model as a deepspeed.pipe.PipelineModule of pp stages (this rank builds only its own
-    stage's layers into it; the rest stay in `model`, untouched)."""
+def pipeline_module(model, blocks: list[int]):
+    """The model as a deepspeed.pipe.PipelineModule of len(blocks) stages (this rank builds only
+    its own stage's layers into it; the rest stay in `model`, on the meta device)."""
     from deepspeed.pipe import PipelineModule
 
     layers = stage_layers(model)
-    parts = boundaries(len(layers) - 2, pp)
+    parts = boundaries(blocks)
+    pp = len(blocks)
 
     class Split(PipelineModule):
         def _partition_layers(self, method="uniform"):

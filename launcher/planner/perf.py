@@ -33,13 +33,13 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from launcher.gpus import GpuType
 from launcher.hardware import ClusterSpec
 from launcher.memory import states as S
 from launcher.memory.activations import selective_matmuls, unfused_attention
+from launcher.memory.estimate import stage_split
 from launcher.models.arch import ModelArch
 from launcher.planner import constants as C
 from launcher.spec import TrainSpec
@@ -87,12 +87,6 @@ def matmul_efficiency(gpu: GpuType, precision: str) -> float:
     """Fraction of `peak_flops` the training matmuls reach on this GPU (constants.py says why)."""
     fast = precision != "fp32" and gpu.peak_bf16_tflops >= C.FAST_GPU_PEAK_TFLOPS
     return C.MATMUL_EFFICIENCY * (C.FAST_GPU_EFFICIENCY_RATIO if fast else 1.0)
-
-
-def stage_layers(layers: int, pp: int) -> tuple[int, int]:
-    """Blocks on the first and on the last pipeline stage (the memory model's split)."""
-    first = math.ceil(layers / pp)
-    return first, layers - first * (pp - 1)
 
 
 @dataclass(frozen=True)
@@ -161,17 +155,17 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
     tokens = spec.micro_batch * spec.seq_len  # per GPU per micro-batch
     f = token_flops(arch, spec)
 
-    first, last = stage_layers(arch.layers, pp)
     if pp == 1:
         layers, with_head = arch.layers, True
         p = S.stage_params(arch, spec, arch.layers, True, True)
     else:
-        first_t = first * f.layer_train / tp
-        last_t = last * f.layer_train / tp + f.head_train
-        layers, with_head = (first, False) if first_t >= last_t else (last, True)
-        pf = S.stage_params(arch, spec, first, True, False)
-        pl = S.stage_params(arch, spec, last, False, True)
-        p = pf if pf.total >= pl.total else pl
+        # the slowest stage sets the pace of 1F1B; the largest one the ZeRO / offload traffic
+        split = stage_split(arch, spec, cluster, dp)
+        times = [n * f.layer_train / tp + (f.head_train if s == pp - 1 else 0.0) for s, n in enumerate(split)]
+        slow = max(range(pp), key=times.__getitem__)
+        layers, with_head = split[slow], slow == pp - 1
+        sizes = [S.stage_params(arch, spec, n, s == 0, s == pp - 1) for s, n in enumerate(split)]
+        p = max(sizes, key=lambda q: q.total)
     head = f.head_train if with_head else 0.0
     compute = tokens * (layers * f.layer_train / tp + head) / rate
     recompute = tokens * layers * f.layer_recompute / tp / rate

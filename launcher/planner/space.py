@@ -8,7 +8,7 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
                 tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
                 so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
-  pp            the degrees that divide world / tp and leave every stage at least one block, for
+  pp            the degrees that divide world / tp, up to one block per stage, for
                 the families with a stage adapter (launcher/parallel/split.py; others: 1); pp > 1
                 runs on DeepSpeed's pipeline engine under ZeRO-1, stages placed pipe-major
   grad_ckpt     none, selective, full
@@ -22,7 +22,6 @@ cannot fit (see search.py).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -82,11 +81,6 @@ def effective_base(request: Request) -> tuple[TrainSpec, tuple[str, ...]]:
     return base, notes
 
 
-def sensible_pp(layers: int, pp: int) -> bool:
-    """pp <= layers and the ceil split leaves the last stage at least one block."""
-    return pp <= layers and math.ceil(layers / pp) * (pp - 1) < layers
-
-
 def tp_degrees(request: Request) -> list[int]:
     arch, g = request.arch, request.cluster.gpus_per_node
     pinned = request.pinned.get("tp")
@@ -117,19 +111,13 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
         why = pipeline_refusal(arch.model_type, arch.tied_embeddings, arch.name) if pinned > 1 else None
         if why is not None:
             raise InvalidSpecError(f"--pp {pinned}: {why}")
-        if not sensible_pp(layers, pinned):
-            ok = [p for p in range(1, layers + 1) if sensible_pp(layers, p) and rest % p == 0]
-            raise InvalidSpecError(
-                f"--pp {pinned} leaves a pipeline stage of {request.arch.name} ({layers} layers) without "
-                f"a layer; use --pp {' or '.join(map(str, ok[-4:]))}"
-            )
         return [pinned]
-    # Unpinned: every degree that divides the GPUs left by TP and leaves each stage a block, for
+    # Unpinned: every degree that divides the GPUs left by TP, up to a block per stage, for
     # a model the worker can pipeline (the others stay at pp 1 without a word: ZeRO shards them)
     arch = request.arch
     if pipeline_refusal(arch.model_type, arch.tied_embeddings, arch.name) is not None:
         return [1]
-    return [p for p in range(1, min(layers, rest) + 1) if rest % p == 0 and sensible_pp(layers, p)]
+    return [p for p in range(1, min(layers, rest) + 1) if rest % p == 0]
 
 
 def _pinned_spec(request: Request, base: TrainSpec) -> None:

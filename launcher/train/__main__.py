@@ -1,5 +1,3 @@
-import sys
+from launcher.train.loop import exit_process, main
 
-from launcher.train.loop import main
-
-sys.exit(main())
+exit_process(main())

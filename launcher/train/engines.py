@@ -58,12 +58,13 @@ class DataParallel:
 
 
 class Pipeline:
-    def __init__(self, model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int):
+    def __init__(self, model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int,
+                 blocks: list[int]):
         import deepspeed
 
         from launcher.parallel.stages import pipeline_module
 
-        module = pipeline_module(model, spec.pp)
+        module = pipeline_module(model, blocks)
         local = {id(p) for p in module.parameters()}
         params = [p for p in params if id(p) in local]  # this stage's trainable parameters
         self.ds, _, _, _ = deepspeed.initialize(
@@ -159,8 +160,11 @@ class Pipeline:
         per_stage = stages[:: self.dp]  # pipe-major ranks: every dp-th rank is the next stage
         return hashlib.sha256(" ".join(per_stage).encode()).hexdigest()
 
-def build(model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int):
+def build(model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int,
+          blocks: list[int]):
     """The engine for this plan. `optimizer_for(params)` is the client optimizer over the
-    parameters this rank trains (None: the config's AdamW); `schedule(optimizer)` the scheduler."""
-    engine = Pipeline if spec.pp > 1 else DataParallel
-    return engine(model, params, spec, ds_config, optimizer_for, schedule, rank, world)
+    parameters this rank trains (None: the config's AdamW); `schedule(optimizer)` the scheduler;
+    `blocks` the plan's blocks per pipeline stage."""
+    if spec.pp > 1:
+        return Pipeline(model, params, spec, ds_config, optimizer_for, schedule, rank, world, blocks)
+    return DataParallel(model, params, spec, ds_config, optimizer_for, schedule, rank, world)

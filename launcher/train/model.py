@@ -96,10 +96,17 @@ def selective_checkpoint_context():
 
 
 def build_model(
-    hf_config: dict, source: str, spec: TrainSpec, init: str, seed: int, lora_dropout: float, stage: int | None = None
+    hf_config: dict,
+    source: str,
+    spec: TrainSpec,
+    init: str,
+    seed: int,
+    lora_dropout: float,
+    stage: tuple[int, list[int]] | None = None,
 ):
-    """The model a rank trains. `stage` (pipeline plans): only that stage's modules are
-    materialised (launcher/train/weights.py); the rest stay on the meta device."""
+    """The model a rank trains. `stage` (pipeline plans): (this rank's stage, blocks per stage);
+    only that stage's modules are materialised (launcher/train/weights.py), the rest stay on the
+    meta device."""
     import torch
     import transformers
 
@@ -113,7 +120,7 @@ def build_model(
     config._attn_implementation = attn
     if stage is not None and spec.method != "qlora":
         try:
-            model = weights.stage_model(config, source, init, seed, spec.pp, stage, dtype)
+            model = weights.stage_model(config, source, init, seed, stage[1], stage[0], dtype)
         except weights.StageLoadError as exc:
             raise ModelLoadError(str(exc)) from None
     elif init == "random":

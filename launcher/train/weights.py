@@ -68,13 +68,11 @@ def seeded_init(model, seed: int, keep: Keep | None = None) -> None:
     _walk(model, "", model, visit)
 
 
-def stage_keep(config, pp: int, stage: int) -> Keep:
+def stage_keep(blocks: list[int], stage: int) -> Keep:
     """The module names pipeline stage `stage` of `pp` runs (launcher/parallel/stages.py): its
     decoder blocks, the embeddings on the first stage, the final norm and LM head on the last,
-    and the rotary embedding everywhere (every block computes its own)."""
-    from launcher.parallel.split import stage_blocks
-
-    blocks = stage_blocks(config.num_hidden_layers, pp)
+    and the rotary embedding everywhere (every block computes its own). `blocks`: per stage."""
+    pp = len(blocks)
     start = sum(blocks[:stage])
     mine = {f"model.layers.{i}" for i in range(start, start + blocks[stage])}
     if stage == 0:
@@ -153,7 +151,7 @@ def load_stage(model, source: str, keep: Keep) -> None:
     seeded_init(model, 0, lambda name: keep(name) and not list(model.get_submodule(name).parameters(recurse=False)))
 
 
-def stage_model(config, source: str, init: str, seed: int, pp: int, stage: int, dtype):
+def stage_model(config, source: str, init: str, seed: int, blocks: list[int], stage: int, dtype):
     """The causal LM with only pipeline stage `stage`'s modules on the CPU (the rest on the meta
     device, never allocated): from the config (`init` random) or the checkpoint."""
     import torch
@@ -161,7 +159,7 @@ def stage_model(config, source: str, init: str, seed: int, pp: int, stage: int, 
 
     from launcher.parallel.split import STAGE_READ_FAMILIES
 
-    keep = stage_keep(config, pp, stage)
+    keep = stage_keep(blocks, stage)
     if init == "pretrained" and config.model_type not in STAGE_READ_FAMILIES:
         # checkpoints transformers converts while loading (Mixtral's per-expert tensors become
         # fused ones): load whole, then free what other stages run
