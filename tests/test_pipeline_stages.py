@@ -10,26 +10,55 @@ import torch
 from launcher.models.catalog import resolve_model
 from launcher.models.catalog_configs import CONFIGS
 from launcher.parallel.split import PIPELINE_FAMILIES, balanced_blocks, even_blocks, pipeline_refusal
-from launcher.parallel.stages import boundaries, causal_lm_loss, stage_layers
+from launcher.parallel.stages import boundaries, causal_lm_loss, run_layers, stage_layers
 
-SHRINK = {
+_LLAMA = {
     "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
     "head_dim": 16, "num_hidden_layers": 3, "vocab_size": 300, "tie_word_embeddings": False,
     "num_local_experts": 4, "num_experts_per_tok": 2, "max_window_layers": 1,
 }  # fmt: skip
+_SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_hidden_layers": 3,
+          "vocab_size": 300}  # fmt: skip
+_NO_DROPOUT = {"attn_pdrop": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "dropout": 0.0, "hidden_dropout": 0.0,
+               "attention_dropout": 0.0}  # fmt: skip
+# a catalog model of every family, and the settings that make it tiny
+FAMILIES = {
+    "llama": ("llama-3.1-8b", _LLAMA), "mistral": ("mistral-7b", _LLAMA), "mixtral": ("mixtral-8x7b", _LLAMA),
+    "qwen2": ("qwen2.5-7b", _LLAMA), "qwen3": ("qwen3-8b", _LLAMA),
+    "gemma": ("gemma-2b", {**_LLAMA, "num_key_value_heads": 1, "tie_word_embeddings": True}),
+    "stablelm": ("stablelm-3b", {**_SMALL, "num_key_value_heads": 4}),
+    "phi": ("phi-2", {**_SMALL, "num_key_value_heads": 4}),
+    "gpt_neox": ("gpt-neox-20b", _SMALL),
+    "falcon": ("falcon-40b", {**_SMALL, "num_kv_heads": 2}),
+    "gpt2": ("gpt2", {"n_embd": 64, "n_head": 4, "n_layer": 3, "n_positions": 64, "vocab_size": 300}),
+    "bloom": ("bloom-560m", {"hidden_size": 64, "n_head": 4, "n_layer": 3, "vocab_size": 300}),
+    "opt": ("opt-1.3b", {**_SMALL, "ffn_dim": 96, "word_embed_proj_dim": 64}),
+}  # fmt: skip
+# the other shapes a family comes in: tied heads, Falcon-7B's multi-query old architecture,
+# OPT-350M's post-norm with input / output projections
+VARIANTS = {
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),
+    "falcon-7b": ("falcon", {"new_decoder_architecture": False, "multi_query": True}),
+    "opt-350m": ("opt", {"do_layer_norm_before": False, "word_embed_proj_dim": 32}),
+    "gpt_neox-tied": ("gpt_neox", {"tie_word_embeddings": True}),
+}  # fmt: skip
 
-FAMILIES = {"llama": "llama-3.1-8b", "mistral": "mistral-7b", "mixtral": "mixtral-8x7b",
-            "qwen2": "qwen2.5-7b", "qwen3": "qwen3-8b"}  # fmt: skip
+
+def tiny_config(model_type: str, **over) -> dict:
+    """config.json contents of a tiny model of the family (3 blocks, no dropout)."""
+    name, shrink = FAMILIES[model_type]
+    cfg = {**CONFIGS[name], **shrink, **_NO_DROPOUT, **over}
+    return {k: v for k, v in cfg.items() if k not in ("torch_dtype", "dtype")}
 
 
 def tiny(model_type: str, **over):
     import transformers
 
-    cfg = {**CONFIGS[FAMILIES[model_type]], **SHRINK, **over}
+    cfg = tiny_config(model_type, **over)
     cfg.pop("model_type")
-    cfg = {k: v for k, v in cfg.items() if k not in ("torch_dtype", "dtype")}
     config = transformers.AutoConfig.for_model(model_type, **cfg)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = "eager" if model_type == "bloom" else "sdpa"
     torch.manual_seed(0)
     return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
@@ -46,20 +75,20 @@ def test_every_family_with_an_adapter_is_tested():
     assert set(FAMILIES) == set(PIPELINE_FAMILIES)
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
-def test_stages_in_sequence_give_the_models_loss_and_gradients(model_type):
-    over = {"sliding_window": 4, "use_sliding_window": True} if model_type in ("mistral", "qwen2") else {}
+@pytest.mark.parametrize("variant", sorted(FAMILIES) + sorted(VARIANTS))
+def test_stages_in_sequence_give_the_models_loss_and_gradients(variant):
+    model_type, over = VARIANTS.get(variant, (variant, {}))
+    if model_type in ("mistral", "qwen2"):
+        over = {**over, "sliding_window": 4, "use_sliding_window": True}
     model = tiny(model_type, **over)
+    assert model.config.tie_word_embeddings == ("tied" in variant or model_type in ("gemma", "gpt2", "bloom", "opt", "falcon"))
     ids, labels = batch()
     want = model(input_ids=ids, labels=labels).loss
     want.backward()
     want_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad()
 
-    x = ids
-    for layer in stage_layers(model):
-        x = layer(x)
-    got = causal_lm_loss(x, labels)
+    got = causal_lm_loss(run_layers(stage_layers(model), ids), labels)
     got.backward()
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
     for n, p in model.named_parameters():
@@ -80,9 +109,9 @@ def test_the_balanced_split_gives_every_block_and_evens_the_peaks():
         peaks = [peak(s, n, pp) for s, n in enumerate(blocks)]
         assert max(peaks) <= max(peak(s, n, pp) for s, n in enumerate(even))
         parts = boundaries(blocks)
-        assert parts[0] == 0 and parts[-1] == layers + 2  # embedding first, head last
+        assert parts[0] == 0 and parts[-1] == layers + 4  # embedding (+ Enter) first, (Exit +) head last
         assert [b - a for a, b in zip(parts, parts[1:], strict=False)] == [
-            blocks[0] + 1, *blocks[1:-1], blocks[-1] + 1
+            blocks[0] + 2, *blocks[1:-1], blocks[-1] + 2
         ]
     # no room without slowing down: 80 / 8 leaves every stage at 10 blocks
     assert balanced_blocks(80, 8, lambda s, n: peak(s, n, 8), head_blocks=0.0) == [10] * 8
@@ -115,10 +144,10 @@ def test_the_plans_stage_table_is_the_workers_split_placed_pipe_major_with_the_e
     assert pipeline_stages(arch, TrainSpec(zero_stage=1), cluster) == []
 
 
-def test_families_without_an_adapter_and_tied_heads_are_refused_with_the_reason():
-    bloom = resolve_model("tiny-bloom")
-    assert "no pipeline stage adapter" in pipeline_refusal(bloom.model_type, bloom.tied_embeddings, bloom.name)
-    small = resolve_model("llama-3.2-1b")
-    assert "ties its LM head" in pipeline_refusal(small.model_type, small.tied_embeddings, small.name)
-    big = resolve_model("llama-3.1-70b")
-    assert pipeline_refusal(big.model_type, big.tied_embeddings, big.name) is None
+def test_families_without_an_adapter_and_alibi_falcons_are_refused_with_the_reason():
+    qwen = resolve_model("qwen-7b")  # remote-code Qwen (v1): transformers has no module tree for it
+    assert "no pipeline stage adapter" in pipeline_refusal(qwen.model_type, qwen.name)
+    assert "ALiBi" in pipeline_refusal("falcon", "falcon-rw-1b", alibi=True)
+    for name in ("llama-3.2-1b", "llama-3.1-70b", "bloom-176b", "gpt2", "falcon-180b", "opt-66b"):
+        arch = resolve_model(name)  # tied heads included (llama-3.2-1b, bloom, gpt2, opt)
+        assert pipeline_refusal(arch.model_type, arch.name, bool(arch.hf_config.get("alibi"))) is None, name

@@ -74,7 +74,7 @@ def test_a_pipeline_run_dir_passes_and_unrunnable_ones_are_refused_before_any_ra
     assert main(["preflight", str(run_dir), "--no-allreduce"]) == 0
     capsys.readouterr()
     for name, model, spec, want in [
-        ("bloom", "tiny-bloom", TrainSpec(pp=2, zero_stage=1, seq_len=64), "no pipeline stage adapter"),
+        ("qwen", "qwen-7b", TrainSpec(pp=2, zero_stage=1, seq_len=64), "no pipeline stage adapter"),
         ("zero0", "tiny-llama", TrainSpec(pp=2, zero_stage=0, seq_len=64), "ZeRO-1 only"),
     ]:
         run_dir, _ = make_run(tmp_path, name, spec, model=model)

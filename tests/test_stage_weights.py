@@ -16,6 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from launcher.train.model import ModelLoadError, build_model  # noqa: E402
+from tests.test_pipeline_stages import tiny_config  # noqa: E402
+
+LAYERS = {t: {"n_layer": 4} if t in ("gpt2", "bloom") else {"num_hidden_layers": 4} for t in (
+    "gemma", "stablelm", "phi", "gpt_neox", "falcon", "gpt2", "bloom", "opt")}  # fmt: skip
 
 LLAMA = dict(copy.deepcopy(CONFIGS["tiny-llama"]), num_hidden_layers=4)
 FAMILIES = {
@@ -26,6 +30,10 @@ FAMILIES = {
     "mixtral": dict(
         LLAMA, model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=4, num_experts_per_tok=2
     ),
+    "llama-tied": dict(LLAMA, tie_word_embeddings=True),
+    # every other family with a stage adapter, 4 blocks (tests/test_pipeline_stages.py's tiny configs)
+    **{t: tiny_config(t, **LAYERS[t]) for t in ("gemma", "stablelm", "phi", "gpt_neox", "falcon", "gpt2", "bloom", "opt")},
+    "opt-350m": tiny_config("opt", num_hidden_layers=4, do_layer_norm_before=False, word_embed_proj_dim=32),
 }
 SPEC = TrainSpec(pp=2, zero_stage=1, micro_batch=1, grad_accum=2, seq_len=64)
 
@@ -37,13 +45,35 @@ def tensors(model) -> dict:
 SPLITS = {2: [2, 2], 4: [1, 1, 1, 1], 3: [1, 2, 1]}
 
 
-def stage_names(model, pp: int, stage: int) -> set[str]:
-    blocks = SPLITS[pp]
-    start = sum(blocks[:stage])
-    mine = {f"model.layers.{i}." for i in range(start, start + blocks[stage])} | {"model.rotary_emb."}
-    mine |= {"model.embed_tokens."} if stage == 0 else set()
-    mine |= {"model.norm.", "lm_head."} if stage == pp - 1 else set()
-    return {n for n in tensors(model) if any(n.startswith(m) for m in mine)}
+def block_of(name: str) -> int | None:
+    """The decoder block a tensor belongs to (its first numeric name part), None outside blocks."""
+    for part in name.split("."):
+        if part.isdigit():
+            return int(part)
+    return None
+
+
+def check_stages(whole, stages: list[dict], blocks: list[int], tied: bool) -> None:
+    """Each stage holds exactly its own blocks; the embeddings sit on the first stage, the final
+    norm and head on the last (with the embedding matrix again for a tied head); between them
+    the stages hold every tensor of the whole model."""
+    want = tensors(whole)
+    assert set().union(*stages) == set(want)
+    pp = len(blocks)
+    for stage, got in enumerate(stages):
+        start = sum(blocks[:stage])
+        held = {block_of(n) for n in got} - {None}
+        assert held == set(range(start, start + blocks[stage])), (stage, held)
+        edges = {n for n in got if block_of(n) is None and "rotary" not in n}
+        embedding = whole.get_input_embeddings().weight
+        embed_name = next(n for n, t in want.items() if t is embedding)
+        if stage == 0:
+            assert embed_name in edges
+        if stage == pp - 1:
+            assert (embed_name in edges) == (tied or pp == 1)
+            assert tied or any(n.startswith("lm_head") for n in edges)
+        if 0 < stage < pp - 1:
+            assert edges == set(), (stage, edges)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -60,11 +90,13 @@ def family(request, tmp_path_factory):
 def test_every_stage_builds_exactly_its_part_of_the_whole_model(family, pp, init):
     name, hf, whole, ckpt = family
     want = tensors(whole)
+    stages = []
     for stage in range(pp):
         source = ckpt if init == "pretrained" else ""
         got = tensors(build_model(hf, source, SPEC.with_(pp=pp), init, 3, 0.0, (stage, SPLITS[pp])))
-        assert set(got) == stage_names(whole, pp, stage), (name, stage)
         assert [n for n in got if not torch.equal(got[n], want[n])] == [], (name, pp, stage, init)
+        stages.append(got)
+    check_stages(whole, stages, SPLITS[pp], whole.config.tie_word_embeddings)
 
 
 def test_lora_adapters_of_a_stage_equal_the_whole_models():
@@ -76,18 +108,21 @@ def test_lora_adapters_of_a_stage_equal_the_whole_models():
         assert [n for n in got if not torch.equal(got[n], want[n])] == []
 
 
-def test_a_stage_allocates_what_the_memory_model_counts_for_its_loading():
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_a_stage_allocates_what_the_memory_model_counts_for_its_loading(name):
+    # tied heads included: the last stage holds the embedding matrix again, as the model counts
     from launcher.memory import states as S
     from launcher.models.hf_config import arch_from_hf_config
 
-    arch = arch_from_hf_config(LLAMA, "tiny-llama-4")
+    hf = FAMILIES[name]
+    arch = arch_from_hf_config(hf, name)
     for pp in (2, 3, 4):
         blocks = SPLITS[pp]
         for stage in range(pp):
-            model = build_model(LLAMA, "", SPEC.with_(pp=pp), "random", 3, 0.0, (stage, blocks))
+            model = build_model(hf, "", SPEC.with_(pp=pp), "random", 3, 0.0, (stage, blocks))
             params = sum(t.numel() for n, t in model.named_parameters() if not t.is_meta)
             counted = S.stage_params(arch, SPEC.with_(pp=pp), blocks[stage], stage == 0, stage == pp - 1).total
-            assert params == counted, (pp, stage)
+            assert params == counted, (name, pp, stage)
 
 
 def test_a_checkpoint_without_this_stages_tensors_is_one_clear_error(tmp_path):

@@ -104,14 +104,20 @@ def proc_state(pid: int) -> str:
         return "gone"
 
 
-def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_path, monkeypatch):
+# the data-parallel engine's checkpoint (ZeRO-2) and the pipeline engine's (2 stages, ZeRO-1:
+# per-layer files of each stage plus each rank's optimizer partition)
+SAVE_KILL_LAYOUTS = {"zero2": SPEC, "pp2": TrainSpec(pp=2, zero_stage=1, micro_batch=2, grad_accum=2, seq_len=64)}
+
+
+@pytest.mark.parametrize("layout", list(SAVE_KILL_LAYOUTS))
+def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_path, monkeypatch, layout):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({**CATALOG["tiny-llama"], **SAVE_KILL_MODEL}))
     # keep_last 4: no checkpoint is rotated away, so step 4 can be compared after the resume
     run_dir, _ = make_run(
         tmp_path,
         "savekill",
-        SPEC,
+        SAVE_KILL_LAYOUTS[layout],
         model=str(config),
         max_restarts=1,
         max_steps=16,

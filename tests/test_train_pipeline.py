@@ -155,3 +155,37 @@ def test_two_stages_read_only_their_own_tensors_of_a_pretrained_checkpoint_and_t
     assert_same_curve(got, curve(runs["pp1"]))
     assert_pipeline_export(runs["pp2"] / "output" / "final", 2)
     assert final_eval(runs["pp2"]) == final_eval(runs["pp1"])
+
+
+def tiny_family(tmp_path, family: str):
+    """A 4-block model of the family as a config.json (tests/test_pipeline_stages.py's tiny
+    configs, dropout off, the demo tokenizer's 512-token vocabulary)."""
+    from tests.test_pipeline_stages import tiny_config
+
+    layers = {"n_layer": 4} if family in ("gpt2", "bloom") else {"num_hidden_layers": 4}
+    config = tmp_path / f"{family}.json"
+    config.write_text(json.dumps(tiny_config(family, **layers, vocab_size=512)))
+    return str(config)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bloom"])
+def test_tied_head_families_train_on_two_stages_and_export_one_model(tmp_path, family):
+    # GPT-2 (learned positions) and BLOOM (ALiBi, embedding LayerNorm), both with the LM head tied
+    # to the embeddings: DeepSpeed holds the matrix on the first and the last stage and sums its two
+    # gradients, where one rank accumulates them in one tensor, so the curves agree to rounding
+    model = tiny_family(tmp_path, family)
+    runs = {
+        name: trained(tmp_path, name, spec, gpus, model=model)
+        for name, spec, gpus in (("pp2", SPEC, "1x2xA100"), ("pp1", SPEC.with_(pp=1), "1x1xA100"))
+    }
+    got, want = curve(runs["pp2"]), curve(runs["pp1"])
+    assert sorted(got) == STEPS and got[12] < got[1] - 0.1
+    assert [got[s] for s in STEPS] == pytest.approx([want[s] for s in STEPS], rel=2e-3)
+    final = runs["pp2"] / "output" / "final"
+    assert_pipeline_export(final, 2)
+    index = json.loads((final / "model.safetensors.index.json").read_text())["weight_map"]
+    embedding = {"gpt2": "transformer.wte.weight", "bloom": "transformer.word_embeddings.weight"}[family]
+    assert index[embedding] == "model-00001-of-00002.safetensors" and "lm_head.weight" not in index
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.bfloat16)
+    assert reloaded.lm_head.weight is reloaded.get_input_embeddings().weight  # tied again
+    assert reload_loss(runs["pp2"], SPEC) == pytest.approx(final_eval(runs["pp2"]), rel=1e-3, abs=1e-3)

@@ -201,7 +201,7 @@ def _backward_end_grads(arch, spec, st, first, last) -> float:
     """Gradient bytes beyond the persistent buffers as the backward ends."""
     tied = 0.0
     if arch.tied_embeddings and spec.method == "full" and first and last:
-        tied = arch.vocab * arch.hidden * (4 if spec.precision == "fp32" else 2) / spec.tp
+        tied = arch.embed_matrix_params * (4 if spec.precision == "fp32" else 2) / spec.tp
     if spec.zero_stage < 2:  # every gradient is kept as it comes (DeepSpeed reduces after backward)
         return (0.0 if st.grads_persistent else st.grads) + 2 * tied
     return 3 * tied  # ZeRO-2/3 reduce each gradient into the partition as it comes

@@ -136,11 +136,11 @@ def _count_stage_params(
     edge = 0.0
     if first:
         edge += arch.embedding_params
-        largest = max(largest, arch.vocab * arch.hidden)
+        largest = max(largest, arch.embed_matrix_params)
     if last:
         edge += arch.final_norm_params + arch.lm_head_params
         if arch.lm_head_params == 0 and not first:
-            edge += arch.vocab * arch.hidden  # tied head held again by the last pipeline stage
+            edge += arch.embed_matrix_params  # tied head held again by the last pipeline stage
     other += norms + edge
     if spec.method == "full":
         trainable += norms + edge
@@ -148,7 +148,7 @@ def _count_stage_params(
         # (embedding and LM head: V + h each); positions, norms and biases are kept whole
         n_mats = int(first) + int(last and (arch.lm_head_params > 0 or not first))
         ada += (
-            norms + n_mats * (arch.vocab + arch.hidden) + max(0.0, edge - n_mats * arch.vocab * arch.hidden)
+            norms + n_mats * (arch.vocab + (arch.embed_dim or arch.hidden)) + max(0.0, edge - n_mats * arch.embed_matrix_params)
         )
     return StageParams(quantizable, other, trainable, ada, largest)
 

@@ -73,9 +73,15 @@ class ModelArch:
     experts: int = 1
     experts_per_token: int = 1
     max_positions: int = 0
+    embed_dim: int = 0  # width of the token embedding matrix when it is not `hidden` (OPT-350M: 512)
     hf_config: dict = field(default_factory=dict, compare=False, repr=False)
 
     # ---- parameter counts -------------------------------------------------------------
+    @property
+    def embed_matrix_params(self) -> int:
+        """The token embedding matrix alone (what a tied LM head shares)."""
+        return self.vocab * (self.embed_dim or self.hidden)
+
     @property
     def linear_params_per_layer(self) -> int:
         return sum(lin.params for lin in self.linears)

@@ -281,7 +281,7 @@ def opt(c: ConfigReader) -> ModelArch:
         gated_mlp=False, vocab=vocab, tied_embeddings=tied, norm="layernorm", linears=linears,
         layer_norm_params=2 * ln, embedding_params=vocab * emb_dim + (max_pos + 2) * h + project,
         final_norm_params=(ln if final_ln else 0) + project,
-        lm_head_params=0 if tied else vocab * emb_dim, max_positions=max_pos,
+        lm_head_params=0 if tied else vocab * emb_dim, max_positions=max_pos, embed_dim=emb_dim,
     )  # fmt: skip
 
 

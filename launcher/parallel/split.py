@@ -7,14 +7,53 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
-# Families whose Hugging Face decoder layer takes (hidden, attention_mask, position_ids,
-# position_embeddings) with rotary embeddings computed by the model: launcher/parallel/stages.py
-PIPELINE_FAMILIES = ("llama", "mistral", "mixtral", "qwen2", "qwen3")
-# Families whose checkpoints name every tensor as the model does, so a pipeline rank reads only
-# its stage's tensors (launcher/train/weights.py); the others (Mixtral's per-expert tensors, which
-# transformers fuses while loading) load whole on every rank, then free the other stages
-STAGE_READ_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+@dataclass(frozen=True)
+class Stack:
+    """Where a family's causal LM keeps what the pipeline stages run (module names as the
+    checkpoint names them): `base` the decoder stack inside the LM, `embed` / `layers` / `norm`
+    inside it, `head` the LM head inside the LM; `first` modules of the first stage besides the
+    embedding (learned positions, an embedding norm, an input projection), `last` of the last
+    stage besides norm and head, `shared` modules every stage runs (the rotary embedding: every
+    block computes its own from the sequence)."""
+
+    base: str
+    embed: str = "embed_tokens"
+    layers: str = "layers"
+    norm: str = "norm"
+    head: str = "lm_head"
+    first: tuple[str, ...] = ()
+    last: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ("rotary_emb",)
+
+    def name(self, part: str) -> str:
+        return f"{self.base}.{part}"
+
+
+_ROTARY = Stack("model")
+# The families launcher/parallel/stages.py pipelines, each with its modules' names
+STACKS = {
+    "llama": _ROTARY, "mistral": _ROTARY, "mixtral": _ROTARY, "qwen2": _ROTARY, "qwen3": _ROTARY,
+    "gemma": _ROTARY, "stablelm": _ROTARY,
+    "phi": Stack("model", norm="final_layernorm"),
+    "gpt_neox": Stack("gpt_neox", embed="embed_in", norm="final_layer_norm"),
+    "falcon": Stack("transformer", embed="word_embeddings", layers="h", norm="ln_f"),
+    "gpt2": Stack("transformer", embed="wte", layers="h", norm="ln_f", first=("wpe",), shared=()),
+    "bloom": Stack("transformer", embed="word_embeddings", layers="h", norm="ln_f",
+                   first=("word_embeddings_layernorm",), shared=()),
+    "opt": Stack("model.decoder", norm="final_layer_norm", first=("embed_positions", "project_in"),
+                 last=("project_out",), shared=()),
+}  # fmt: skip
+PIPELINE_FAMILIES = tuple(STACKS)
+# Families whose checkpoints name every tensor as the model does and whose modules hold no buffer
+# a checkpoint leaves out, so a pipeline rank reads only its stage's tensors
+# (launcher/train/weights.py); the others (Mixtral's per-expert tensors, which transformers fuses
+# while loading; Gemma's embedding scale; GPT-NeoX's `embed_out`, renamed `lm_head` while loading;
+# OPT / GPT-2 / BLOOM / Falcon checkpoints saved under older prefixes) load whole on every rank, then
+# free the other stages
+STAGE_READ_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi", "stablelm")
 
 
 def even_blocks(layers: int, pp: int) -> list[int]:
@@ -53,16 +92,16 @@ def balanced_blocks(layers: int, pp: int, peak: Callable[[int, int], float], hea
     return blocks
 
 
-def pipeline_refusal(model_type: str, tied_embeddings: bool, name: str) -> str | None:
+def pipeline_refusal(model_type: str, name: str, alibi: bool = False) -> str | None:
     """Why the worker cannot pipeline this model (None if it can)."""
-    if model_type not in PIPELINE_FAMILIES:
+    if model_type not in STACKS:
         return (
             f"{name} ({model_type}) has no pipeline stage adapter yet (pipelined families: "
             f"{', '.join(PIPELINE_FAMILIES)}); plan without --pp (ZeRO-3 shards the model instead)"
         )
-    if tied_embeddings:
+    if model_type == "falcon" and alibi:
         return (
-            f"{name} ties its LM head to its embeddings, which would sit on the first and the last "
-            "stage; the worker does not keep them tied across stages yet; plan without --pp"
+            f"{name} is a Falcon with ALiBi, which the worker's Falcon stages do not build (they build "
+            "rotary Falcons: falcon-7b, -40b, -180b); plan without --pp"
         )
     return None

@@ -108,14 +108,14 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
             return []  # this TP degree does not combine with the pinned PP; others may
         check_parallelism(request.arch, TrainSpec(tp=tp, pp=pinned), request.cluster.world_size)
         arch = request.arch
-        why = pipeline_refusal(arch.model_type, arch.tied_embeddings, arch.name) if pinned > 1 else None
+        why = pipeline_refusal(arch.model_type, arch.name, arch.hf_config.get("alibi", False)) if pinned > 1 else None
         if why is not None:
             raise InvalidSpecError(f"--pp {pinned}: {why}")
         return [pinned]
     # Unpinned: every degree that divides the GPUs left by TP, up to a block per stage, for
     # a model the worker can pipeline (the others stay at pp 1 without a word: ZeRO shards them)
     arch = request.arch
-    if pipeline_refusal(arch.model_type, arch.tied_embeddings, arch.name) is not None:
+    if pipeline_refusal(arch.model_type, arch.name, arch.hf_config.get("alibi", False)) is not None:
         return [1]
     return [p for p in range(1, min(layers, rest) + 1) if rest % p == 0]
 

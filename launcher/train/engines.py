@@ -118,10 +118,13 @@ class Pipeline:
             if self.dp_rank == 0:
                 from safetensors.torch import save_file
 
+                lm = causal_lm(self.model)
+                # a tied head's matrix is the first stage's embedding, written once (by that stage)
+                again = lm.get_input_embeddings().weight if stage > 0 else None
                 tensors = {
                     n: t.detach().to("cpu").contiguous()
-                    for n, t in causal_lm(self.model).state_dict().items()
-                    if not t.is_meta
+                    for n, t in lm.state_dict(keep_vars=True).items()
+                    if not t.is_meta and t is not again
                 }
                 save_file(tensors, str(out / shard), metadata={"format": "pt"})
                 sizes = {n: (shard, t.numel() * t.element_size()) for n, t in tensors.items()}

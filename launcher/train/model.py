@@ -32,9 +32,7 @@ def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has
     if spec.pp > 1:
         from launcher.parallel.split import pipeline_refusal
 
-        why = pipeline_refusal(
-            hf_config.get("model_type", "?"), bool(hf_config.get("tie_word_embeddings", False)), source
-        )
+        why = pipeline_refusal(hf_config.get("model_type", "?"), source, bool(hf_config.get("alibi", False)))
         if why is not None:
             raise ModelLoadError(f"pp {spec.pp}: {why}")
         if spec.zero_stage != 1:

@@ -68,23 +68,33 @@ def seeded_init(model, seed: int, keep: Keep | None = None) -> None:
     _walk(model, "", model, visit)
 
 
-def stage_keep(blocks: list[int], stage: int) -> Keep:
-    """The module names pipeline stage `stage` of `pp` runs (launcher/parallel/stages.py): its
-    decoder blocks, the embeddings on the first stage, the final norm and LM head on the last,
-    and the rotary embedding everywhere (every block computes its own). `blocks`: per stage."""
+def stage_keep(config, blocks: list[int], stage: int) -> Keep:
+    """The module names pipeline stage `stage` runs (launcher/parallel/stages.py): its decoder
+    blocks, the embeddings (and learned positions, ...) on the first stage, the final norm and LM
+    head on the last -- the embeddings again where the head is tied to them (DeepSpeed keeps the
+    two copies equal) -- and the modules every block shares (rotary). `blocks`: per stage."""
+    from launcher.parallel.split import STACKS
+
+    st = STACKS[config.model_type]
     pp = len(blocks)
     start = sum(blocks[:stage])
-    mine = {f"model.layers.{i}" for i in range(start, start + blocks[stage])}
+    mine = {st.name(f"{st.layers}.{i}") for i in range(start, start + blocks[stage])}
+    mine.update(st.name(m) for m in st.shared)
     if stage == 0:
-        mine.add("model.embed_tokens")
+        mine.update(st.name(m) for m in (st.embed, *st.first))
     if stage == pp - 1:
-        mine.update({"model.norm", "lm_head"})
-    mine.add("model.rotary_emb")
+        mine.update(st.name(m) for m in (st.norm, *st.last))
+        mine.add(st.name(st.embed) if tied(config) else st.head)
 
     def keep(name: str) -> bool:
         return any(name == m or name.startswith(m + ".") for m in mine)
 
     return keep
+
+
+def tied(config) -> bool:
+    """Whether the LM head is the embedding matrix (transformers' default for the family applies)."""
+    return bool(getattr(config, "tie_word_embeddings", False))
 
 
 def _checkpoint_files(source: str) -> list[Path]:
@@ -159,7 +169,7 @@ def stage_model(config, source: str, init: str, seed: int, blocks: list[int], st
 
     from launcher.parallel.split import STAGE_READ_FAMILIES
 
-    keep = stage_keep(blocks, stage)
+    keep = stage_keep(config, blocks, stage)
     if init == "pretrained" and config.model_type not in STAGE_READ_FAMILIES:
         # checkpoints transformers converts while loading (Mixtral's per-expert tensors become
         # fused ones): load whole, then free what other stages run
