@@ -189,3 +189,18 @@ def test_tied_head_families_train_on_two_stages_and_export_one_model(tmp_path, f
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.bfloat16)
     assert reloaded.lm_head.weight is reloaded.get_input_embeddings().weight  # tied again
     assert reload_loss(runs["pp2"], SPEC) == pytest.approx(final_eval(runs["pp2"]), rel=1e-3, abs=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_two_stages_train_the_curve_of_one_rank_in_fp32_and_fp16(tmp_path, precision):
+    # bf16 is the rest of this file; fp16 runs DeepSpeed's loss-scaled optimizer under the
+    # pipeline engine as under the data-parallel one
+    spec = SPEC.with_(precision=precision)
+    runs = {
+        name: trained(tmp_path, name, s, gpus)
+        for name, s, gpus in (("pp2", spec, "1x2xA100"), ("pp1", spec.with_(pp=1), "1x1xA100"))
+    }
+    got = curve(runs["pp2"])
+    assert sorted(got) == STEPS and got[12] < got[1]
+    assert_same_curve(got, curve(runs["pp1"]))
+    assert final_eval(runs["pp2"]) == final_eval(runs["pp1"])
