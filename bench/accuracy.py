@@ -264,6 +264,23 @@ def markdown(results: list[dict], summary: dict, checks: list, seconds: float) -
     return "\n".join(lines) + "\n"
 
 
+def pipeline_rows() -> str:
+    """Per-stage activation peaks of pipeline plans, measured on CPU ranks (bench/pipeline_memory.py
+    writes them; re-run it to refresh), as a section of their own: they compare one term of a
+    stage, not a whole GPU's figure."""
+    path = ROOT / "bench" / "results" / "pipeline_memory.json"
+    if not path.exists():
+        return "\n(no pipeline stage rows: run bench/pipeline_memory.py)\n"
+    from bench.pipeline_memory import table
+
+    got = json.loads(path.read_text())
+    return (
+        "\n## Pipeline stages: activation peak per stage, measured on CPU ranks (bench/pipeline_memory.py)\n\n"
+        + table(got["rows"])
+        + f"\nworst {100 * got['worst']:.1f} % (target 10 %)\n"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
@@ -283,7 +300,7 @@ def main() -> int:
         results.append(evaluate(row, run_trace=not a.no_trace))
     summary = summarise(results)
     checks = targets(results, summary)
-    text = markdown(results, summary, checks, time.monotonic() - t0)
+    text = markdown(results, summary, checks, time.monotonic() - t0) + pipeline_rows()
     print(text)
     if a.markdown:
         a.markdown.parent.mkdir(parents=True, exist_ok=True)

@@ -74,3 +74,41 @@ class SavedBytes:
 
     def __exit__(self, *exc):
         self._ctx.__exit__(*exc)
+
+
+class ActivationPeak(LiveBytes):
+    """LiveBytes for a whole training step in an engine: the peak of new storages alive at once
+    with the parameters' gradients set apart (the memory model counts them as gradients, not
+    activations), and views never taken for new storage (a weight's transpose in a linear is a
+    view of the parameter, made before the block)."""
+
+    def __init__(self, params) -> None:
+        super().__init__()
+        self.grad_keys: set[int] = set()
+        self.grad_live = 0
+        self.activation_peak = 0
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad) for p in params if p.requires_grad]
+
+    def _grad(self, p: torch.Tensor) -> None:
+        st = p.grad.untyped_storage()
+        if id(st) in self._seen and id(st) not in self.grad_keys:
+            self.grad_keys.add(id(st))
+            self.grad_live += st.nbytes()
+
+    def _release(self, key: int, n: int) -> None:
+        super()._release(key, n)
+        if key in self.grad_keys:
+            self.grad_keys.discard(key)
+            self.grad_live -= n
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view:
+            return func(*args, **(kwargs or {}))
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        self.activation_peak = max(self.activation_peak, self.live - self.grad_live)
+        return out
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        return super().__exit__(*exc)

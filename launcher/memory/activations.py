@@ -322,7 +322,8 @@ def parallel_block(arch: ModelArch) -> bool:
 
 
 def backward_transient(arch: ModelArch, spec: TrainSpec, layer: LayerActivations) -> float:
-    """Bytes a block's backward adds for a moment beyond what it saved. Unfused attention holds
+    """Bytes a block's backward adds for a moment beyond what it saved: the MLP's two input-sized
+    gradients (below), or, if larger, the attention's. Unfused attention holds
     the gradients of the probabilities and of the scores together, in the softmax's dtype
     (fp32 for sdpa's math kernel; measured: two score-sized tensors). By then a sequential
     block's MLP backward has freed what the MLP saved, and the value matmul's backward what it
@@ -339,7 +340,12 @@ def backward_transient(arch: ModelArch, spec: TrainSpec, layer: LayerActivations
         attention = max(0.0, 2 * _softmax_bytes(arch, e) * scores - freed)
     elif impl == "math":
         attention = max(0.0, 2 * 4 * scores - freed)
-    return max(attention, _expert_weight_gradient(arch, spec) * e / spec.tp)
+    # earlier, in the MLP's backward while all it saved is alive: the gradients of the down
+    # projection's input and through the activation function (measured in pipeline stages, whose
+    # peak is there: no logits on the stage)
+    k = arch.experts_per_token if arch.experts > 1 else 1
+    mlp = 2 * spec.micro_batch * spec.seq_len * k * arch.ffn / spec.tp * e
+    return max(attention, mlp, _expert_weight_gradient(arch, spec) * e / spec.tp)
 
 
 def _expert_weight_gradient(arch: ModelArch, spec: TrainSpec) -> float:

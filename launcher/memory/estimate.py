@@ -22,6 +22,7 @@ from launcher.memory import activations as A
 from launcher.memory import constants as C
 from launcher.memory import states as S
 from launcher.memory.memo import ArchMemo
+from launcher.memory.pipeline import engine_buffers
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
 
@@ -151,6 +152,9 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     stored = layers * A.stored_per_layer(arch, spec, per_layer, targets) * inflight
     stored += A.edge_activations(arch, spec, first, last) * (inflight if first else 1)
     logits = A.logits_bytes(arch, spec) if last else 0.0
+    # the pipeline engine's buffers stay through the whole backward (launcher/memory/pipeline.py)
+    held, held_logits = engine_buffers(arch, spec, layers, first, last, inflight)
+    stored += held
     # the loss's backward (logits working set) is over before the last block is recomputed and
     # runs its own backward
     after_loss = A.recompute_working_set(spec, per_layer) + A.backward_transient(arch, spec, per_layer)
@@ -161,9 +165,9 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     # Three moments compete for the peak (bytes on top of `base`, by component):
     # all saved activations and the loss's working set (or, if larger, the last block's
     # recompute and backward after it); ZeRO-3's window of gathered parameters
-    start = {"zero_buffers": window, "activations": stored, "logits_loss": logits}
+    start = {"zero_buffers": window, "activations": stored, "logits_loss": logits + held_logits}
     if after_loss > logits:
-        start.update(activations=stored + after_loss, logits_loss=0.0)
+        start.update(activations=stored + after_loss, logits_loss=held_logits)
     moments = {
         "backward start": start,
         # the first block's backward (recomputed if checkpointed): every later block's gradient
@@ -309,6 +313,20 @@ def _loading(arch: ModelArch, spec: TrainSpec, stage_params: float) -> float:
     if spec.pp > 1 and arch.model_type in STAGE_READ_FAMILIES:
         return stage_params * e
     return arch.total_params * e
+
+
+def stage_activations(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> list[float]:
+    """Per pipeline stage, the bytes above its model states at its peak: activations (with the
+    pipeline engine's buffers) and the logits + loss working set (tests/test_pipeline_memory.py
+    measures them)."""
+    dp = check_parallelism(arch, spec, cluster.world_size)
+    targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
+    out = []
+    for s, blocks in enumerate(stage_split(arch, spec, cluster, dp)):
+        inflight = min(spec.pp - s, spec.grad_accum)
+        comps = _stage(arch, spec, cluster, dp, blocks, s == 0, s == spec.pp - 1, inflight, targets)[1]
+        out.append(comps["activations"] + comps["logits_loss"])
+    return out
 
 
 def pipeline_stages(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> list[dict]:

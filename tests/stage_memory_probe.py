@@ -1,0 +1,83 @@
+"""Each pipeline stage's activation peak measured in the real engine, against the memory model.
+
+Run as a script under torchrun it is a worker rank (python -m launcher.train RUN_DIR) whose
+second optimizer step runs inside tests/memtrack.ActivationPeak, writing that step's peak to
+$FTLAUNCH_PROBE_OUT/rank-N.json (the first step is left out: it allocates the buffers DeepSpeed
+keeps from then on). `measure_stages` writes a run directory, runs the ranks and pairs each
+stage's measurement with launcher/memory/estimate.stage_activations. Used by
+tests/test_pipeline_memory.py and bench/pipeline_memory.py."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from launcher.train import engines, loop  # noqa: E402
+from tests.memtrack import ActivationPeak  # noqa: E402
+
+MEASURED_STEP = 1  # 0-based: the second optimizer step
+WORDS = "the a of model memory stage pipeline gradient tensor batch layer token cluster node rank".split()
+
+
+def long_records(path: Path, n: int = 64, words: int = 2000) -> Path:
+    """Text records far longer than any test's sequence length, so every micro-batch is full
+    (the worker pads a batch only to its longest row)."""
+    import random
+
+    rng = random.Random(0)
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choices(WORDS, k=words))}) + "\n" for _ in range(n)))
+    return path
+
+
+def measure_stages(root: Path, spec, gpus: str, hf_config: dict) -> list[tuple[float, float]]:
+    """(modelled, measured) activation bytes of each stage (its first data-parallel rank)."""
+    import subprocess
+
+    from launcher.hardware import parse_gpus
+    from launcher.memory.estimate import stage_activations
+    from launcher.models.hf_config import arch_from_hf_config
+    from tests.runs import cpu_env, make_run
+
+    root.mkdir(parents=True, exist_ok=True)
+    config = root / "config.json"
+    config.write_text(json.dumps(hf_config))
+    data = long_records(root / "long.jsonl")
+    run_dir, _ = make_run(root, "probe", spec, model=str(config), gpus=gpus, max_steps=2, save_every=100,
+                          data=str(data))  # fmt: skip
+    out = root / "measured"
+    out.mkdir()
+    world = parse_gpus(gpus).world_size
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", __file__, str(run_dir)]
+    proc = subprocess.run(cmd, env={**cpu_env(), "FTLAUNCH_PROBE_OUT": str(out)}, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-3000:])
+    dp = world // spec.pp
+    measured = [json.loads((out / f"rank-{s * dp}.json").read_text())["activation_peak"] for s in range(spec.pp)]
+    modelled = stage_activations(arch_from_hf_config(hf_config, "probe"), spec, parse_gpus(gpus))
+    return list(zip(modelled, measured, strict=True))
+
+
+def measured(step_fn):
+    def step(self, batches, step: int):
+        if step != MEASURED_STEP:
+            return step_fn(self, batches, step)
+        gc.collect()
+        with ActivationPeak(self.ds.module.parameters()) as live:
+            out = step_fn(self, batches, step)
+        path = Path(os.environ["FTLAUNCH_PROBE_OUT"]) / f"rank-{os.environ['RANK']}.json"
+        path.write_text(json.dumps({"activation_peak": live.activation_peak}))
+        return out
+
+    return step
+
+
+if __name__ == "__main__":
+    engines.Pipeline.step = measured(engines.Pipeline.step)
+    engines.DataParallel.step = measured(engines.DataParallel.step)
+    sys.exit(loop.main())
