@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,12 @@ def make_run(
         root, run, arch, spec, cluster, explain="test run\n", env=cpu, replan=replan, **where
     )
     return run_dir, argv
+
+
+def events(run_dir: Path) -> list[dict]:
+    """The worker's event records (logs/metrics.jsonl rows with an "event")."""
+    rows = [json.loads(x) for x in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "event" in r]
 
 
 def cpu_env() -> dict[str, str]:

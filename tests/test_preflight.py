@@ -100,3 +100,19 @@ def test_a_worker_dependency_older_than_its_bound_is_named_with_the_fix(tmp_path
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "deepspeed 0.14.0 is installed" in err and "pip install 'deepspeed>=0.16.4'" in err
+
+
+@pytest.mark.parametrize(
+    "spec, what",
+    [(TrainSpec(method="qlora", seq_len=64), "QLoRA"), (TrainSpec(optimizer="adamw-8bit", seq_len=64), "adamw-8bit")],
+)
+def test_qlora_and_8bit_adamw_without_bitsandbytes_are_one_line_with_the_install(tmp_path, capsys, cpu, monkeypatch, spec, what):
+    """On a CPU they run (bitsandbytes' CPU backend, tests/test_train_e2e.py); where bitsandbytes
+    is missing, preflight says what to install instead of every rank failing on an import."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import raises ImportError
+    run_dir, _ = make_run(tmp_path, "q", spec)
+    assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and what in err[0] and "pip install 'bitsandbytes>=0.48'" in err[0], err

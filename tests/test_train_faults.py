@@ -13,7 +13,15 @@ import pytest
 from launcher.backends import local
 from launcher.models.catalog import CATALOG
 from launcher.spec import TrainSpec
-from tests.runs import assert_same_curve, assert_same_weights, cpu_env, digests, make_run, run_torchrun
+from tests.runs import (
+    assert_same_curve,
+    assert_same_weights,
+    cpu_env,
+    digests,
+    events,
+    make_run,
+    run_torchrun,
+)
 
 pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.slow
@@ -29,11 +37,6 @@ def curve(run_dir) -> dict[int, float]:
         if "loss" in row:
             out[row["step"]] = row["loss"]
     return out
-
-
-def events(run_dir) -> list[dict]:
-    rows = [json.loads(x) for x in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rows if "event" in r]
 
 
 def wait_for(pred, timeout: float, what: str):

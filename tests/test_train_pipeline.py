@@ -108,6 +108,22 @@ def test_lora_inside_two_stages_trains_and_exports_one_peft_adapter(tmp_path):
     assert reload_loss(run_dir, spec) == pytest.approx(final_eval(run_dir), rel=1e-3, abs=1e-3)
 
 
+def test_qlora_inside_two_stages_trains_the_curve_of_one_rank_and_exports_one_peft_adapter(tmp_path):
+    # each stage quantises only its own blocks' linears, from the same bf16 values a whole model
+    # quantises: the 4-bit weights, and so the curve, are those of one rank
+    spec = SPEC.with_(method="qlora", lora_r=8)
+    run_dir = trained(tmp_path / "a", "qlora-pp2", spec, "1x2xA100", lr=5e-3)
+    one = trained(tmp_path / "b", "qlora-pp1", spec.with_(pp=1), "1x1xA100", lr=5e-3)
+    got = curve(run_dir)
+    assert sorted(got) == STEPS and got[12] < got[1]
+    assert_same_curve(got, curve(one))
+    assert {"event": "quantized", "format": "nf4", "layers": 7} in events(run_dir)  # stage 0: 1 block
+    final = run_dir / "output" / "final"
+    assert (final / "adapter_model.safetensors").is_file()
+    assert not list(final.glob("model*.safetensors*"))  # the adapter alone
+    assert reload_loss(run_dir, spec) == pytest.approx(final_eval(run_dir), rel=1e-3, abs=1e-3)
+
+
 def test_sigkill_of_the_last_stage_restarts_and_resumes_with_the_same_curve(tmp_path, monkeypatch, two_stages):
     run_dir, _ = planned(tmp_path, "killed", SPEC, max_restarts=1)
     submit_with_cpu_env(run_dir, monkeypatch)

@@ -304,14 +304,15 @@ def _loading(arch: ModelArch, spec: TrainSpec, stage_params: float) -> float:
     """Bytes one rank materialises on the CPU while the model loads (launcher/train/model.py):
     the whole model under ZeRO-0/1/2; one checkpoint shard at a time under zero.Init or quantised
     loading; a pipeline rank only its own stage (launcher/train/weights.py), for the families
-    whose checkpoints it reads by tensor name."""
+    whose checkpoints it reads by tensor name, in the compute dtype before QLoRA quantises it
+    (launcher/train/quantize.py; a whole QLoRA model is quantised by transformers as it loads)."""
     from launcher.parallel.split import STAGE_READ_FAMILIES
 
     e = 4 if spec.precision == "fp32" else 2
-    if spec.zero_stage == 3 or spec.method == "qlora":
-        return min(C.HF_SHARD_BYTES, arch.total_params * e)
     if spec.pp > 1 and arch.model_type in STAGE_READ_FAMILIES:
         return stage_params * e
+    if spec.zero_stage == 3 or spec.method == "qlora":
+        return min(C.HF_SHARD_BYTES, arch.total_params * e)
     return arch.total_params * e
 
 

@@ -50,9 +50,9 @@ def untraceable(arch: ModelArch, spec: TrainSpec) -> str | None:
     if not arch.hf_config:
         return f"{arch.name} has no config.json contents to build the model from"
     if spec.method == "qlora":
-        return "QLoRA's 4-bit base weights need bitsandbytes' CUDA kernels, which fake tensors cannot run"
+        return "QLoRA's quantised layers are bitsandbytes tensors, which the fake-tensor trace does not run"
     if spec.optimizer == "adamw-8bit":
-        return "8-bit AdamW is a bitsandbytes CUDA kernel; trace with --optimizer adamw"
+        return "8-bit AdamW is a bitsandbytes optimizer the fake-tensor trace does not run; trace with --optimizer adamw"
     if spec.tp > 1 or spec.pp > 1:
         return "tensor and pipeline parallelism are not traced (one rank of a TP/PP group is not simulated)"
     return None

@@ -202,6 +202,10 @@ def train(run_dir: Path) -> int:
     blocks = _plan_blocks(run.plan, spec.pp, int(run.model.hf_config.get("num_hidden_layers", 0)))
     stage = (rank // (world // spec.pp), blocks) if spec.pp > 1 else None  # pipe-major (engines.Pipeline)
     model = build_model(run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout, stage)
+    if spec.method == "qlora":
+        from launcher.train.quantize import quantized_layers
+
+        _log(run_dir, rank, {"event": "quantized", "format": spec.quant, "layers": quantized_layers(model)})
     params = [p for p in model.parameters() if p.requires_grad]
     warmup = cfg.warmup_steps
 

@@ -1,6 +1,6 @@
 """Model loading for the worker: pretrained weights (hub id / local path) or a model built from
 its config (catalog models in tests and demos), then the plan's method applied: LoRA / QLoRA via
-peft (+ bitsandbytes, GPU only), activation checkpointing, attention kernel, precision."""
+peft (+ bitsandbytes, on the CPU too), activation checkpointing, attention kernel, precision."""
 
 from __future__ import annotations
 
@@ -43,10 +43,12 @@ def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has
     why = autotp_conflict(spec)
     if why is not None:
         raise ModelLoadError(f"tp {spec.tp}: {why}; plan again (tp 1)")
-    if spec.method == "qlora" and not has_gpu:
-        raise ModelLoadError(
-            "QLoRA needs an NVIDIA GPU (bitsandbytes 4-bit kernels); use --method lora on a CPU"
-        )
+    if spec.method == "qlora" or spec.optimizer == "adamw-8bit":
+        from launcher.train.quantize import bitsandbytes_refusal
+
+        why = bitsandbytes_refusal("QLoRA" if spec.method == "qlora" else "--optimizer adamw-8bit")
+        if why is not None:
+            raise ModelLoadError(why)
     if spec.attention == "flash" and not has_gpu:
         raise ModelLoadError("--attention flash needs an NVIDIA GPU with flash-attn; use --attention sdpa")
     if init == "pretrained":
@@ -108,7 +110,7 @@ def build_model(
     import torch
     import transformers
 
-    from launcher.train import weights
+    from launcher.train import quantize, weights
 
     dtype = torch_dtype(spec.precision)
     attn = ATTN[spec.attention] if hf_config.get("model_type") != "bloom" else "eager"
@@ -116,7 +118,10 @@ def build_model(
     model_type = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **cfg)
     config._attn_implementation = attn
-    if stage is not None and spec.method != "qlora":
+    # QLoRA quantises what was built, in place (launcher/train/quantize.py); only a whole
+    # pretrained model is quantised by transformers while it loads (one shard at a time)
+    quantize_after = spec.method == "qlora" and (stage is not None or init == "random")
+    if stage is not None:
         try:
             model = weights.stage_model(config, source, init, seed, stage[1], stage[0], dtype)
         except weights.StageLoadError as exc:
@@ -134,11 +139,15 @@ def build_model(
                 bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=dtype,
                 bnb_4bit_quant_storage=dtype,
+                llm_int8_threshold=quantize.INT8_THRESHOLD,
             )
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(source, **kwargs)
         except (OSError, ValueError) as exc:
             raise ModelLoadError(f"cannot load model {source!r}: {str(exc).splitlines()[0]}") from None
+    if quantize_after:
+        head = model.get_output_embeddings()
+        quantize.quantize_linears(model, spec.quant, dtype, keep={id(head)} if head is not None else set())
     torch.manual_seed(seed)  # what draws next (LoRA's init) draws the same in every layout
     model.config.use_cache = False
     if spec.grad_ckpt != "none":
@@ -149,11 +158,9 @@ def build_model(
     if spec.trains_adapters:
         import peft
 
-        if spec.method == "qlora":
-            model = peft.prepare_model_for_kbit_training(
-                model, use_gradient_checkpointing=spec.grad_ckpt != "none"
-            )
-        elif spec.grad_ckpt != "none":
+        # the frozen base stays in the compute dtype (peft's prepare_model_for_kbit_training would
+        # upcast it to fp32, which DeepSpeed's mixed precision casts straight back)
+        if spec.grad_ckpt != "none":
             model.enable_input_require_grads()
         targets = spec.lora_target_list()
         lora = peft.LoraConfig(
