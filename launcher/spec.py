@@ -86,8 +86,6 @@ class TrainSpec:
             raise InvalidSpecError(
                 "--lora-targets only applies to --method lora or qlora; drop it or pick a method"
             )
-        if self.precision == "fp16" and self.method == "qlora":
-            pass  # bnb computes in fp16 fine; kept for old GPUs (T4, V100)
         if self.pp > 1 and self.zero_stage >= 2:
             raise InvalidSpecError(
                 f"--pp {self.pp} with --zero-stage {self.zero_stage}: DeepSpeed pipeline parallelism "

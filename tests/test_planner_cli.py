@@ -154,6 +154,7 @@ def test_pinned_flags_pin_the_search(capsys):
         (["--zero-stage", "5"], "--zero-stage"),
         (["--tp", "1", "--pp", "1", "--global-batch", "12"], "--global-batch 12"),
         (["--pp", "2", "--offload-params", "cpu"], "--pp 2"),
+        (["--pp", "2", "--zero-stage", "0"], "pipeline plans with ZeRO-1"),
         (["--method", "qlora", "--tp", "2"], "4-bit"),
         (["--method", "lora", "--tp", "2"], "LoRA's own adapter layers"),
         (["--lora-r", "8"], "--lora-r"),

@@ -75,7 +75,7 @@ def test_a_pipeline_run_dir_passes_and_unrunnable_ones_are_refused_before_any_ra
     capsys.readouterr()
     for name, model, spec, want in [
         ("qwen", "qwen-7b", TrainSpec(pp=2, zero_stage=1, seq_len=64), "no pipeline stage adapter"),
-        ("zero0", "tiny-llama", TrainSpec(pp=2, zero_stage=0, seq_len=64), "ZeRO-1 only"),
+        ("zero0", "tiny-llama", TrainSpec(pp=2, zero_stage=0, seq_len=64), "cannot resume its own"),
     ]:
         run_dir, _ = make_run(tmp_path, name, spec, model=model)
         assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2

@@ -92,6 +92,16 @@ def balanced_blocks(layers: int, pp: int, peak: Callable[[int, int], float], hea
     return blocks
 
 
+# Measured with DeepSpeed 0.19.8: under its pipeline engine a bf16 "ZeRO-0" run steps through its
+# BF16_Optimizer, which partitions the fp32 master weights and Adam states over the data-parallel
+# group exactly as ZeRO-1 does, but writes only data-parallel rank 0's partition into the checkpoint
+# and reads it back as a per-rank list (KeyError: 0): nothing it saves can be resumed.
+PIPELINE_ZERO0 = (
+    "the worker runs pipeline plans with ZeRO-1 (DeepSpeed's pipeline engine cannot resume its own "
+    "ZeRO-0 bf16 checkpoints, and in bf16 its ZeRO-0 partitions the optimizer like ZeRO-1 anyway)"
+)
+
+
 def pipeline_refusal(model_type: str, name: str, alibi: bool = False) -> str | None:
     """Why the worker cannot pipeline this model (None if it can)."""
     if model_type not in STACKS:

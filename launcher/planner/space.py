@@ -29,7 +29,7 @@ from launcher.errors import InvalidSpecError
 from launcher.memory import states as S
 from launcher.memory.activations import selective_is_full
 from launcher.memory.estimate import check_parallelism
-from launcher.parallel.split import pipeline_refusal
+from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
 from launcher.spec import GRAD_CKPT, TrainSpec, autotp_conflict
@@ -142,6 +142,8 @@ def _pinned_spec(request: Request, base: TrainSpec) -> None:
         raise InvalidSpecError(
             f"--tp {pins['tp']} with this configuration: {why}; drop --tp or change the rest"
         )
+    if request.pinned.get("zero_stage") == 0 and spec.pp > 1:
+        raise InvalidSpecError(f"--pp {spec.pp} with --zero-stage 0: {PIPELINE_ZERO0}; use --zero-stage 1")
 
 
 def _batches(request: Request, dp: int) -> tuple[tuple[int, int, int], ...]:
@@ -183,8 +185,7 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
     for stage, opt, params in shardings:
         for tp, pp in layouts:
             if pp > 1 and stage != 1:
-                # DeepSpeed's pipeline engine supports ZeRO-0/1, and 0.19.8's bf16 optimizer cannot
-                # load its own ZeRO-0 pipeline checkpoint (KeyError in _load_legacy_checkpoint)
+                # ZeRO-1 only (launcher/parallel/split.py: PIPELINE_ZERO0)
                 continue
             dp = world // (tp * pp)
             batches = _batches(request, dp)

@@ -30,16 +30,13 @@ def torch_dtype(precision: str):
 def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has_gpu: bool) -> None:
     """Problems that must stop the job before any rank starts."""
     if spec.pp > 1:
-        from launcher.parallel.split import pipeline_refusal
+        from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal
 
         why = pipeline_refusal(hf_config.get("model_type", "?"), source, bool(hf_config.get("alibi", False)))
         if why is not None:
             raise ModelLoadError(f"pp {spec.pp}: {why}")
         if spec.zero_stage != 1:
-            raise ModelLoadError(
-                f"pp {spec.pp} with ZeRO-{spec.zero_stage}: the worker runs pipeline plans with ZeRO-1 only "
-                "(DeepSpeed 0.19.8 cannot resume a ZeRO-0 pipeline checkpoint); plan again with --zero-stage 1"
-            )
+            raise ModelLoadError(f"pp {spec.pp} with ZeRO-{spec.zero_stage}: {PIPELINE_ZERO0}; plan again with --zero-stage 1")
     why = autotp_conflict(spec)
     if why is not None:
         raise ModelLoadError(f"tp {spec.tp}: {why}; plan again (tp 1)")
