@@ -62,4 +62,4 @@ def test_two_hosts_train_and_agree_on_weights(tmp_path: Path, two_hosts):
     digests = {f.name: f.read_text() for f in (run_dir / "logs").glob("weights-rank-*.sha256")}
     assert len(digests) == 4, digests
     assert len(set(digests.values())) == 1
-    assert (run_dir / "output" / "final" / "pytorch_model.bin").exists()
+    assert (run_dir / "output" / "final" / "model.safetensors").exists()

@@ -214,7 +214,7 @@ def test_estimate_and_plan_from_the_wheel_answer_as_the_checkout_does(either, co
 @pytest.mark.parametrize(
     "name, extra, files",
     [
-        ("full", [], {"config.json", "pytorch_model.bin", "tokenizer.json"}),
+        ("full", [], {"config.json", "model.safetensors", "tokenizer.json"}),
         (
             "lora",
             ["--method", "lora", "--zero-stage", "3"],

@@ -32,18 +32,21 @@ def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int
         with deepspeed.zero.GatheredParameters(trainable, enabled=spec.zero_stage == 3):
             if rank == 0:
                 model.save_pretrained(str(out))
-    elif spec.tp > 1:
-        # AutoTP: save_16bit_model would write this rank's shards; gather them across the TP
-        # group (DeepSpeed 0.19's consolidation, used by its universal checkpoints too)
-        state = engine._consolidated_16bit_state_dict()
-        if rank == 0:
-            torch.save(state, out / "pytorch_model.bin")
-            model.config.save_pretrained(str(out))
     else:
-        # gathers ZeRO-3 partitions (stage3_gather_16bit_weights_on_model_save)
-        engine.save_16bit_model(str(out), "pytorch_model.bin")
+        if spec.tp > 1:
+            # AutoTP: gather every rank's shards across the TP group (DeepSpeed 0.19's
+            # consolidation, which its universal checkpoints use too)
+            state = engine._consolidated_16bit_state_dict()
+        elif spec.zero_stage == 3:
+            # ZeRO-3: the partitions gathered layer by layer onto rank 0's CPU (what
+            # save_16bit_model does under stage3_gather_16bit_weights_on_model_save)
+            state = engine._zero3_consolidated_16bit_state_dict()
+        else:
+            state = engine.module_state_dict()
         if rank == 0:
-            model.config.save_pretrained(str(out))
+            # safetensors (sharded with an index above transformers' shard size), tied weights
+            # once, config and generation config beside them: what from_pretrained expects
+            model.save_pretrained(str(out), state_dict=state)
     if rank == 0:
         tokenizer.save_pretrained(str(out))
     torch.distributed.barrier()
