@@ -57,6 +57,7 @@ class TrainingConfig(_Strict):
     skip_bad_records: bool = False  # records that fit no format: skipped and counted, not an error
     log_every: int = Field(1, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
+    merge_adapter: bool = False  # LoRA / QLoRA: also the adapter merged into the 16-bit base
 
 
 class ModelEntry(_Strict):

@@ -104,6 +104,12 @@ def add_parser(sub) -> None:
         help=f"random seed, 0-{MAX_SEED} (default 0)",
     )
     t.add_argument(
+        "--merge-adapter",
+        action="store_true",
+        help="LoRA / QLoRA: besides the adapter (output/final), write it merged into the 16-bit base "
+        "as a full model (output/final-merged; rank 0 holds the whole 16-bit model on the host for it)",
+    )
+    t.add_argument(
         "--skip-bad-records",
         action="store_true",
         help="skip data records that fit no format (default: such a record is an error naming its line); "
@@ -274,6 +280,8 @@ def run(args: argparse.Namespace) -> int:
 
     slurm = _slurm_options(args)
     ray = _ray_options(args)
+    if args.merge_adapter and args.method not in ("lora", "qlora"):
+        raise FtlaunchError("--merge-adapter merges a LoRA / QLoRA adapter: add --method lora or qlora, or drop it")
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)
@@ -300,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
         keep_last=args.keep_last,
         seed=args.seed,
         skip_bad_records=args.skip_bad_records,
+        merge_adapter=args.merge_adapter,
     )
     run_file = artifacts.run_file(
         name,

@@ -52,6 +52,21 @@ def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int
     torch.distributed.barrier()
 
 
+def merge_adapter(hf_config: dict, source: str, spec: TrainSpec, cfg, tokenizer, output: Path) -> None:
+    """output/final-merged: the exported adapter (output/final) merged into a fresh 16-bit base --
+    the pretrained weights, or the seeded random init every layout builds -- saved as one full
+    model. A QLoRA adapter goes into the unquantised base, as the usual QLoRA recipe merges it."""
+    import peft
+
+    from launcher.train.model import build_model
+
+    plain = spec.with_(method="full", grad_ckpt="none", pp=1, tp=1)
+    base = build_model(hf_config, source, plain, cfg.init, cfg.seed, 0.0)
+    merged = peft.PeftModel.from_pretrained(base, str(output / "final")).merge_and_unload()
+    merged.save_pretrained(str(output / "final-merged"))
+    tokenizer.save_pretrained(str(output / "final-merged"))
+
+
 DIGEST_MAX_PARAMS = 2**30  # ~4 GiB of fp32 to hash per rank; a 70B model would take minutes
 
 

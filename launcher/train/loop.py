@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.rundir import read_run_dir
 from launcher.spec import TrainSpec
 from launcher.train import checkpoint as ckpt
-from launcher.train import cpu_adam, engines
+from launcher.train import cpu_adam, engines, export
 from launcher.train.data import Batches, read_records, tokenize
 from launcher.train.model import ModelLoadError, build_model, check_loadable
 from launcher.train.tokenizer import load_tokenizer
@@ -291,6 +291,8 @@ def train(run_dir: Path) -> int:
         (run_dir / "logs" / f"weights-rank-{rank}.sha256").write_text(digest + "\n")
     eval_loss = trainer.evaluate(batches)
     trainer.export(tokenizer, run_dir / "output" / "final", rank)
+    if cfg.merge_adapter and rank == 0:
+        export.merge_adapter(run.model.hf_config, run.model.source, spec, cfg, tokenizer, run_dir / "output")
     if rank == 0:
         (run_dir / "output" / "final.json").write_text(
             json.dumps({"steps": cfg.max_steps, "eval_loss": eval_loss})
