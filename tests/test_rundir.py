@@ -118,6 +118,7 @@ TINY = ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "rando
         (["--name", "$(reboot)"], "run name"),
         (["--data", "/nonexistent/train.jsonl"], "does not exist"),
         (["--init", "pretrained"], "offline"),
+        (["--merge-adapter"], "--merge-adapter merges a LoRA / QLoRA adapter"),
     ],
 )
 def test_bad_launches_fail_before_any_rank_starts(extra, needle, tmp_path, capsys):
