@@ -120,10 +120,10 @@ def test_qlora_weights_are_about_a_quarter():
     assert 0.25 < st.weights / full16 < 0.40  # embeddings and LM head stay 16-bit
 
 
-@pytest.mark.parametrize("optimizer,per_param", [("adamw", 8), ("adamw-8bit", 2), ("sgd", 4)])
+@pytest.mark.parametrize("optimizer,per_param", [("adamw", 8), ("adamw-8bit", 2 + 8 / 256), ("sgd", 4)])
 def test_optimizer_bytes(optimizer, per_param):
     _, _, p, st = ours("llama-3.2-1b", 1, optimizer=optimizer)
-    assert st.optimizer == pytest.approx(p.trainable * per_param, rel=0.01)
+    assert st.optimizer == pytest.approx(p.trainable * per_param, rel=1e-6)
 
 
 def test_adafactor_is_factored_only_where_deepspeed_leaves_the_matrices_whole():

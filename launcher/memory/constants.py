@@ -33,11 +33,14 @@ INT8_BYTES_PER_PARAM = 1.0
 
 # Optimizer state bytes per trainable parameter (excluding fp32 master weights):
 #   AdamW: exp_avg + exp_avg_sq in fp32 (8) or in bf16 under bf16-pure (4).
-#   8-bit AdamW (bitsandbytes): two uint8 states + one fp32 absmax per 2048-block each.
+#   8-bit AdamW (bitsandbytes >= 0.45): two uint8 states + one fp32 absmax per 256-block each
+#   (0.43 and older: per 2048-block); tensors under 4096 elements keep fp32 states, which under
+#   ZeRO never happens (DeepSpeed hands the optimizer flat partitions). Measured on the CPU:
+#   tests/test_memory_quantized.py.
 #   SGD with momentum: one buffer.
 #   Adafactor (HF defaults: no first moment, factored second moment) is computed per matrix
 #   as rows + cols fp32 values, see states.py.
-ADAMW_8BIT_BYTES = 2 + 2 * 4 / 2048
+ADAMW_8BIT_BYTES = 2 + 2 * 4 / 256
 
 # DeepSpeed ZeRO buffer sizes, in elements, as the emitter sets them ("auto" rule of the
 # HF integration: reduce bucket = h*h, stage-3 prefetch bucket = 0.9*h*h, persistence
