@@ -157,3 +157,23 @@ def test_merge_adapter_writes_a_full_model_with_the_adapters_loss(tmp_path):
     base = build_model(arch.hf_config, "tiny-llama", spec.with_(method="full"), "random", 0, 0.0).eval()
     with torch.no_grad():
         assert abs(float(base(**fixed_batch()).loss.float()) - loss) > 1e-2  # the adapter is in it
+
+
+def test_qlora_under_zero3_quantises_a_pretrained_checkpoint_while_loading(tmp_path):
+    """The path GPU users take with real weights: ZeRO-3 with transformers' bitsandbytes quantiser
+    inside from_pretrained (under zero.Init), not the worker's in-place quantisation."""
+    from launcher.models.catalog import CATALOG
+    from launcher.train.model import build_model
+
+    ckpt = tmp_path / "pretrained"
+    build_model(dict(CATALOG["tiny-llama"]), "", TrainSpec(), "random", 11, 0.0).save_pretrained(str(ckpt))
+    spec = TrainSpec(method="qlora", lora_r=8, zero_stage=3, micro_batch=2, seq_len=64)
+    run_dir, argv = make_run(
+        tmp_path, "qz3", spec, model=str(ckpt), init="pretrained", max_steps=6, save_every=3, lr=5e-3
+    )
+    proc = run_torchrun(argv)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {"event": "quantized", "format": "nf4", "layers": 14} in events(run_dir)
+    losses = [r["loss"] for r in metrics(run_dir)]
+    assert len(losses) == 6 and losses[-1] < losses[0], losses
+    assert (run_dir / "output" / "final" / "adapter_model.safetensors").is_file()
