@@ -9,6 +9,7 @@ import re
 
 from launcher import spec as S
 from launcher.errors import InvalidSpecError
+from launcher.rundir import SHARD_SIZE
 
 
 def _parser(kind: type, allow_zero: bool):
@@ -27,6 +28,12 @@ def _parser(kind: type, allow_zero: bool):
 
     parse.__name__ = f"{'non_negative' if allow_zero else 'positive'}_{kind.__name__}"
     return parse
+
+
+def shard_size(text: str) -> str:
+    if not re.fullmatch(SHARD_SIZE, text):
+        raise argparse.ArgumentTypeError(f"expected a size such as 5GB, 500MB or 2GiB, got {text!r}")
+    return text
 
 
 def at_most(parse, limit, what: str = ""):

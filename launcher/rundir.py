@@ -31,6 +31,7 @@ from launcher.errors import FtlaunchError
 SCHEMA_VERSION = 1
 PLAN_FILE = "plan.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+SHARD_SIZE = r"[1-9][0-9]{0,5}(KB|MB|GB|KiB|MiB|GiB)"  # what transformers' max_shard_size reads
 
 
 class RunDirError(FtlaunchError):
@@ -58,6 +59,8 @@ class TrainingConfig(_Strict):
     log_every: int = Field(1, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     merge_adapter: bool = False  # LoRA / QLoRA: also the adapter merged into the 16-bit base
+    # the final model's safetensors shards (transformers' size syntax); pipelines: one per stage
+    max_shard_size: str = Field("5GB", pattern=rf"^{SHARD_SIZE}$")
 
 
 class ModelEntry(_Strict):

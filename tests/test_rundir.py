@@ -170,3 +170,9 @@ def test_no_gpu_without_cpu_flag_is_a_clear_error(tmp_path, capsys):
     if __import__("torch").cuda.device_count() >= 2:
         pytest.skip("this machine has GPUs")
     assert "--cpu" in bad(argv, capsys)
+
+
+def test_bad_shard_size_is_one_line(tmp_path, capsys):
+    msg = bad([*TINY, "--dry-run", "--runs-dir", str(tmp_path), "--max-shard-size", "5 GB"], capsys)
+    assert "--max-shard-size" in msg and "5GB" in msg
+    assert not any(tmp_path.iterdir())

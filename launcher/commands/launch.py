@@ -110,6 +110,14 @@ def add_parser(sub) -> None:
         "as a full model (output/final-merged; rank 0 holds the whole 16-bit model on the host for it)",
     )
     t.add_argument(
+        "--max-shard-size",
+        type=options.shard_size,
+        default="5GB",
+        metavar="SIZE",
+        help="largest safetensors file of the final model, e.g. 5GB, 500MB, 2GiB (default 5GB); "
+        "above it the model is sharded with an index. Pipeline plans write one shard per stage",
+    )
+    t.add_argument(
         "--skip-bad-records",
         action="store_true",
         help="skip data records that fit no format (default: such a record is an error naming its line); "
@@ -309,6 +317,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         skip_bad_records=args.skip_bad_records,
         merge_adapter=args.merge_adapter,
+        max_shard_size=args.max_shard_size,
     )
     run_file = artifacts.run_file(
         name,

@@ -50,8 +50,8 @@ class DataParallel:
     def evaluate(self, batches) -> float:
         return export.evaluate(self.ds, batches, self.ds.device)
 
-    def export(self, tokenizer, out: Path, rank: int) -> None:
-        export.export_final(self.ds, self.model, tokenizer, self.spec, out, rank)
+    def export(self, tokenizer, out: Path, rank: int, shard_size: str) -> None:
+        export.export_final(self.ds, self.model, tokenizer, self.spec, out, rank, shard_size)
 
     def digest(self) -> str | None:
         return export.weights_digest(self.model, self.spec)
@@ -94,10 +94,10 @@ class Pipeline:
         self.ds.train()
         return float(loss)
 
-    def export(self, tokenizer, out: Path, rank: int) -> None:
+    def export(self, tokenizer, out: Path, rank: int, shard_size: str) -> None:
         """ONE Hugging Face model directory, gathered from the stages without any rank holding
         the whole model: each stage's first data-parallel rank writes its own safetensors shard
-        (model-0000s-of-0000p) and rank 0 the index, config and tokenizer. LoRA: the adapter
+        (model-0000s-of-0000p, whatever `shard_size`) and rank 0 the index, config and tokenizer. LoRA: the adapter
         alone (small), sent to rank 0, which saves it as one PEFT adapter. Collective."""
         import torch
 

@@ -20,7 +20,7 @@ def evaluate(engine, batches, device) -> float:
     return loss
 
 
-def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int) -> None:
+def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int, shard_size: str = "5GB") -> None:
     """Collective: every rank calls it; rank 0 writes."""
     import torch
 
@@ -46,7 +46,7 @@ def export_final(engine, model, tokenizer, spec: TrainSpec, out: Path, rank: int
         if rank == 0:
             # safetensors (sharded with an index above transformers' shard size), tied weights
             # once, config and generation config beside them: what from_pretrained expects
-            model.save_pretrained(str(out), state_dict=state)
+            model.save_pretrained(str(out), state_dict=state, max_shard_size=shard_size)
     if rank == 0:
         tokenizer.save_pretrained(str(out))
     torch.distributed.barrier()
@@ -63,7 +63,7 @@ def merge_adapter(hf_config: dict, source: str, spec: TrainSpec, cfg, tokenizer,
     plain = spec.with_(method="full", grad_ckpt="none", pp=1, tp=1)
     base = build_model(hf_config, source, plain, cfg.init, cfg.seed, 0.0)
     merged = peft.PeftModel.from_pretrained(base, str(output / "final")).merge_and_unload()
-    merged.save_pretrained(str(output / "final-merged"))
+    merged.save_pretrained(str(output / "final-merged"), max_shard_size=cfg.max_shard_size)
     tokenizer.save_pretrained(str(output / "final-merged"))
 
 

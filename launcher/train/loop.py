@@ -290,7 +290,7 @@ def train(run_dir: Path) -> int:
     if digest:
         (run_dir / "logs" / f"weights-rank-{rank}.sha256").write_text(digest + "\n")
     eval_loss = trainer.evaluate(batches)
-    trainer.export(tokenizer, run_dir / "output" / "final", rank)
+    trainer.export(tokenizer, run_dir / "output" / "final", rank, cfg.max_shard_size)
     if cfg.merge_adapter and rank == 0:
         export.merge_adapter(run.model.hf_config, run.model.source, spec, cfg, tokenizer, run_dir / "output")
     if rank == 0:
