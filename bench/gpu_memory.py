@@ -133,7 +133,9 @@ def error_pct(est: float | None, measured: float | None) -> float | None:
 def unavailable_methods(env: dict, cpu: bool) -> dict[str, str]:
     out = {}
     if cpu or not env.get("cuda"):
-        out["qlora"] = "QLoRA needs an NVIDIA GPU (bitsandbytes 4-bit kernels)"
+        # QLoRA trains on CPU ranks too (tests/test_train_e2e.py), but this bench records the CUDA
+        # allocator's peaks, which only an NVIDIA GPU has
+        out["qlora"] = "QLoRA's GPU memory is measured on an NVIDIA GPU (the CPU path is tested elsewhere)"
     elif env.get("bitsandbytes") is None:
         out["qlora"] = f"bitsandbytes is not importable ({env.get('bitsandbytes_error', '?')})"
     return out
