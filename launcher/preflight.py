@@ -46,7 +46,7 @@ def check_run_dir(run_dir: Path) -> list[str]:
         )
     cfg = run.training
     try:
-        import torch
+        import torch  # noqa: F401 -- the worker's first import
     except ImportError:
         raise PreflightError(
             "the worker needs torch: pip install torch, then pip install 'ftlaunch[train]'"
@@ -57,7 +57,7 @@ def check_run_dir(run_dir: Path) -> list[str]:
     from launcher.train.model import check_loadable
     from launcher.train.tokenizer import load_tokenizer
 
-    check_loadable(spec, run.model.hf_config, run.model.source, cfg.init, torch.cuda.is_available())
+    check_loadable(spec, run.model.hf_config, run.model.source, cfg.init, has_gpu=not _is_cpu_run(run_dir))
     tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
     source = cfg.data or "the demo data set"
     examples = tokenize(read_records(cfg.data), tokenizer, spec.seq_len, source, cfg.skip_bad_records)

@@ -75,8 +75,19 @@ def cpu_env() -> dict[str, str]:
     return env
 
 
-def run_torchrun(argv: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=cpu_env(), capture_output=True, text=True, timeout=timeout)
+def cpu_fp16_env(has_kernels: bool) -> dict[str, str]:
+    """cpu_env on a CPU that has (or lacks) oneDNN's fp16 kernels, whatever this one has
+    (tests/cpu_fp16/sitecustomize.py)."""
+    env = cpu_env()
+    env["PYTHONPATH"] = str(ROOT / "tests" / "cpu_fp16") + os.pathsep + env["PYTHONPATH"]
+    env["FTLAUNCH_TEST_CPU_FP16"] = "1" if has_kernels else "0"
+    return env
+
+
+def run_torchrun(
+    argv: list[str], timeout: int = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env or cpu_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def python() -> str:

@@ -116,3 +116,19 @@ def test_qlora_and_8bit_adamw_without_bitsandbytes_are_one_line_with_the_install
     assert main(["preflight", str(run_dir), "--no-allreduce"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and what in err[0] and "pip install 'bitsandbytes>=0.48'" in err[0], err
+
+
+@pytest.mark.parametrize("has_kernels", [True, False])
+def test_fp16_on_cpu_ranks_follows_whether_the_cpu_has_fp16_kernels(tmp_path, capsys, cpu, monkeypatch, has_kernels):
+    """DeepSpeed's CPU accelerator trains fp16 only where oneDNN has fp16 kernels; CI's CPUs differ,
+    so both answers are set here (the worker's own refusal: tests/test_train_pipeline.py)."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    monkeypatch.setattr(CPU_Accelerator, "is_fp16_supported", lambda self: has_kernels)
+    run_dir, _ = make_run(tmp_path, "fp16", TrainSpec(precision="fp16", seq_len=64))
+    code = main(["preflight", str(run_dir), "--no-allreduce"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if has_kernels:
+        assert code == 0, err
+    else:
+        assert code == 2 and len(err) == 1 and "--precision fp16 on CPU ranks" in err[0], err

@@ -13,7 +13,14 @@ import signal
 import pytest
 
 from launcher.spec import TrainSpec
-from tests.runs import assert_pipeline_export, assert_same_curve, assert_same_weights, make_run, run_torchrun
+from tests.runs import (
+    assert_pipeline_export,
+    assert_same_curve,
+    assert_same_weights,
+    cpu_fp16_env,
+    make_run,
+    run_torchrun,
+)
 from tests.test_train_e2e import reload_loss
 from tests.test_train_faults import curve, events, started_steps, submit_with_cpu_env, wait_done, wait_for
 
@@ -42,7 +49,8 @@ def planned(root, name, spec, gpus="1x2xA100", **training):
 
 def trained(root, name, spec, gpus, **training):
     run_dir, argv = planned(root, name, spec, gpus, **training)
-    proc = run_torchrun(argv)
+    # fp16 on CPU ranks needs oneDNN fp16 kernels, which some CI CPUs lack: they are declared present
+    proc = run_torchrun(argv, env=cpu_fp16_env(True) if spec.precision == "fp16" else None)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run_dir
 
@@ -124,7 +132,9 @@ def test_qlora_inside_two_stages_trains_the_curve_of_one_rank_and_exports_one_pe
     assert reload_loss(run_dir, spec) == pytest.approx(final_eval(run_dir), rel=1e-3, abs=1e-3)
 
 
-def test_sigkill_of_the_last_stage_restarts_and_resumes_with_the_same_curve(tmp_path, monkeypatch, two_stages):
+def test_sigkill_of_the_last_stage_restarts_and_resumes_with_the_same_curve(
+    tmp_path, monkeypatch, two_stages
+):
     run_dir, _ = planned(tmp_path, "killed", SPEC, max_restarts=1)
     submit_with_cpu_env(run_dir, monkeypatch)
     wait_for(lambda: started_steps(run_dir) >= 6, 240, "step 6")
@@ -220,3 +230,16 @@ def test_two_stages_train_the_curve_of_one_rank_in_fp32_and_fp16(tmp_path, preci
     assert sorted(got) == STEPS and got[12] < got[1]
     assert_same_curve(got, curve(runs["pp1"]))
     assert final_eval(runs["pp2"]) == final_eval(runs["pp1"])
+
+
+def test_fp16_on_a_cpu_without_fp16_kernels_is_one_line_before_any_step(tmp_path):
+    # DeepSpeed's engine raises in every rank with a traceback; the worker says it once, exit 2
+    _, argv = planned(tmp_path, "fp16", SPEC.with_(precision="fp16"))
+    proc = run_torchrun(argv, env=cpu_fp16_env(False))
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "ftlaunch worker: error:" in line]
+    assert (
+        lines and "--precision fp16 on CPU ranks" in lines[0] and "use --precision bf16 or fp32" in lines[0]
+    )
+    assert "Type fp16 is not supported" not in proc.stderr  # DeepSpeed's engine never started
+    assert "exitcode  : 2" in proc.stderr

@@ -46,6 +46,11 @@ def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has
         why = bitsandbytes_refusal("QLoRA" if spec.method == "qlora" else "--optimizer adamw-8bit")
         if why is not None:
             raise ModelLoadError(why)
+    if spec.precision == "fp16" and not has_gpu and not cpu_runs_fp16():
+        raise ModelLoadError(
+            "--precision fp16 on CPU ranks: DeepSpeed's CPU accelerator trains fp16 only where oneDNN "
+            "has fp16 kernels (AVX512-FP16 / AMX-FP16) and this CPU has none; use --precision bf16 or fp32"
+        )
     if spec.attention == "flash" and not has_gpu:
         raise ModelLoadError("--attention flash needs an NVIDIA GPU with flash-attn; use --attention sdpa")
     if init == "pretrained":
@@ -58,6 +63,14 @@ def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has
                 f"cannot load model {source!r} offline: {exc}; pass a local path, or set training.init "
                 "to 'random' to train from the config alone"
             ) from None
+
+
+def cpu_runs_fp16() -> bool:
+    """DeepSpeed's own test: its engine refuses fp16 on a CPU accelerator that says no (with a
+    traceback in every rank). The answer follows oneDNN's kernels, so it differs between CPUs."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    return bool(CPU_Accelerator().is_fp16_supported())
 
 
 def selective_checkpoint_context():
