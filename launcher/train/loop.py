@@ -21,7 +21,7 @@ from launcher.spec import TrainSpec
 from launcher.train import checkpoint as ckpt
 from launcher.train import cpu_adam, engines, export
 from launcher.train.data import Batches, read_records, tokenize
-from launcher.train.model import ModelLoadError, build_model, check_loadable
+from launcher.train.model import check_loadable, rank_model
 from launcher.train.tokenizer import load_tokenizer
 
 PREEMPTED = 75  # EX_TEMPFAIL: checkpointed, run again to resume
@@ -145,21 +145,6 @@ def _agreed_checkpoint(run_dir: Path, root: Path, rank: int) -> tuple[int, Path]
     return choice[0], path
 
 
-def _plan_blocks(plan: dict, pp: int, layers: int) -> list[int]:
-    """Blocks per pipeline stage as the plan shows them (plan.pipeline_stages, balanced by the
-    memory model): the worker trains the split the plan counted."""
-    if pp == 1:
-        return [layers]
-    stages = plan.get("pipeline_stages") or []
-    blocks = [s["blocks"][1] - s["blocks"][0] + 1 for s in stages]
-    if len(blocks) != pp or min(blocks, default=0) < 1 or (layers and sum(blocks) != layers):
-        raise ModelLoadError(
-            f"plan.json's pipeline_stages do not split the model's {layers} blocks into pp {pp} stages; "
-            "plan again with this version of ftlaunch"
-        )
-    return blocks
-
-
 def train(run_dir: Path) -> int:
     import torch
 
@@ -194,14 +179,8 @@ def train(run_dir: Path) -> int:
                              "no_target": examples.no_target})
     batches = Batches(examples, spec.micro_batch, spec.grad_accum, dp, cfg.seed, tokenizer.pad_token_id)
 
-    hf_ds = None
-    if spec.zero_stage == 3 and cfg.init == "pretrained":
-        from transformers.integrations import HfDeepSpeedConfig
-
-        hf_ds = HfDeepSpeedConfig(ds_config)  # noqa: F841  keeps zero.Init active for from_pretrained
-    blocks = _plan_blocks(run.plan, spec.pp, int(run.model.hf_config.get("num_hidden_layers", 0)))
-    stage = (rank // (world // spec.pp), blocks) if spec.pp > 1 else None  # pipe-major (engines.Pipeline)
-    model = build_model(run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout, stage)
+    # hf_ds keeps zero.Init on for the whole run under ZeRO-3 (transformers holds it by weak reference)
+    model, blocks, hf_ds = rank_model(run, spec, ds_config, rank, world, local_rank if has_gpu else None)
     if spec.method == "qlora":
         from launcher.train.quantize import quantized_layers
 

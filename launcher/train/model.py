@@ -105,6 +105,50 @@ def selective_checkpoint_context():
     return create_selective_checkpoint_contexts(policy)
 
 
+def rank_model(run, spec: TrainSpec, ds_config: dict, rank: int, world: int, gpu: int | None):
+    """The model this rank trains, loaded so that a node holds about one copy of the weights
+    whatever its rank count (bench/host_loading.py measures it):
+    - ZeRO-3: built under DeepSpeed's zero.Init (transformers turns it on while the returned
+      HfDeepSpeedConfig lives), so every parameter is partitioned as it is created and a
+      checkpoint's tensors are copied in one module at a time; no rank holds the whole model.
+      Random-init QLoRA is the exception: it quantises a whole 16-bit model first (demos only).
+    - otherwise from a checkpoint: transformers memory-maps the safetensors; on a GPU each tensor
+      goes straight to this rank's device, on CPU ranks the weights stay file pages until written,
+      so the node's ranks share one copy in the page cache instead of reading one each.
+    - pipeline ranks: only their own stage (launcher/train/weights.py).
+    Returns (model, blocks per stage, the HfDeepSpeedConfig to keep alive or None)."""
+    cfg = run.training
+    hf_ds = None
+    partitioned = spec.zero_stage == 3 and not (spec.method == "qlora" and cfg.init == "random")
+    if partitioned:
+        from transformers.integrations import HfDeepSpeedConfig
+
+        hf_ds = HfDeepSpeedConfig(ds_config)
+    blocks = _plan_blocks(run.plan, spec.pp, int(run.model.hf_config.get("num_hidden_layers", 0)))
+    stage = (rank // (world // spec.pp), blocks) if spec.pp > 1 else None  # pipe-major (engines.Pipeline)
+    device = f"cuda:{gpu}" if gpu is not None and spec.zero_stage != 3 and stage is None else None
+    model = build_model(
+        run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout, stage, device, partitioned
+    )
+    return model, blocks, hf_ds
+
+
+def _plan_blocks(plan: dict, pp: int, layers: int) -> list[int]:
+    """Blocks per pipeline stage as the plan shows them (plan.pipeline_stages, balanced by the
+    memory model): the worker trains the split the plan counted."""
+    if pp == 1:
+        return [layers]
+    stages = plan.get("pipeline_stages") or []
+    blocks = [s["blocks"][1] - s["blocks"][0] + 1 for s in stages]
+    if len(blocks) != pp or min(blocks, default=0) < 1 or (layers and sum(blocks) != layers):
+        raise ModelLoadError(
+            f"plan.json's pipeline_stages do not split the model's {layers} blocks into pp {pp} stages; "
+            "plan again with this version of ftlaunch"
+        )
+    return blocks
+
+
+
 def build_model(
     hf_config: dict,
     source: str,
@@ -113,13 +157,17 @@ def build_model(
     seed: int,
     lora_dropout: float,
     stage: tuple[int, list[int]] | None = None,
+    device: str | None = None,
+    partitioned: bool = False,
 ):
     """The model a rank trains. `stage` (pipeline plans): (this rank's stage, blocks per stage);
     only that stage's modules are materialised (launcher/train/weights.py), the rest stay on the
-    meta device."""
+    meta device. `device`: where a checkpoint's tensors go as they are read (CPU by default).
+    `partitioned`: built under zero.Init (ZeRO-3, see rank_model)."""
     import torch
     import transformers
 
+    from launcher.parallel.split import STAGE_READ_FAMILIES
     from launcher.train import quantize, weights
 
     dtype = torch_dtype(spec.precision)
@@ -136,11 +184,20 @@ def build_model(
             model = weights.stage_model(config, source, init, seed, stage[1], stage[0], dtype)
         except weights.StageLoadError as exc:
             raise ModelLoadError(str(exc)) from None
+    elif init == "pretrained" and partitioned and spec.method != "qlora" and model_type in STAGE_READ_FAMILIES:
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)  # under zero.Init
+        try:
+            weights.load_partitioned(model, source)
+        except weights.StageLoadError as exc:
+            raise ModelLoadError(str(exc)) from None
     elif init == "random":
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        weights.seeded_init(model, seed)  # the values a pipeline stage builds for the same names
+        # the values a pipeline stage builds for the same names
+        weights.seeded_init(model, seed, partitioned=partitioned)
     else:
         kwargs = {"dtype": dtype, "attn_implementation": attn}
+        if device is not None:
+            kwargs["device_map"] = {"": device}
         if spec.method == "qlora":
             kwargs["quantization_config"] = transformers.BitsAndBytesConfig(
                 load_in_4bit=spec.quant == "nf4",

@@ -44,10 +44,15 @@ def _own(module) -> list:
     return [t for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)) if t is not None]
 
 
-def seeded_init(model, seed: int, keep: Keep | None = None) -> None:
+def seeded_init(model, seed: int, keep: Keep | None = None, partitioned: bool = False) -> None:
     """(Re-)initialise every module `keep` selects (all by default) in place, from its own seed.
     Meta-device modules it selects are given CPU storage first. A tensor shared by two modules
-    (tied weights) takes the first module's init, as transformers' init-then-tie does."""
+    (tied weights) takes the first module's init, as transformers' init-then-tie does.
+    `partitioned` (built under ZeRO-3's zero.Init): each module's parameters, and its direct
+    children's that its init may touch, are gathered while every rank runs the same init and
+    partitioned again from rank 0's values, so no rank ever holds more than one module whole."""
+    import contextlib
+
     import torch
     from transformers import initialization as init
 
@@ -60,8 +65,15 @@ def seeded_init(model, seed: int, keep: Keep | None = None) -> None:
         if any(t.is_meta for t in own):
             module.to_empty(device="cpu", recurse=False)
             own = _own(module)
+        gathered = contextlib.nullcontext()
+        if partitioned:
+            import deepspeed
+
+            params = [*module.parameters(recurse=False)]
+            params += [p for child in module.children() for p in child.parameters(recurse=False)]
+            gathered = deepspeed.zero.GatheredParameters(params, modifier_rank=0)
         torch.manual_seed(module_seed(seed, name))
-        with torch.no_grad(), init.guard_torch_init_functions():
+        with gathered, torch.no_grad(), init.guard_torch_init_functions():
             owner._init_weights(module)
         done.update(id(t) for t in own)
 
@@ -187,3 +199,80 @@ def stage_model(config, source: str, init: str, seed: int, blocks: list[int], st
     else:
         load_stage(model, source, keep)
     return model
+
+
+def load_partitioned(model, source: str) -> None:
+    """Fill a model built under ZeRO-3's zero.Init from the checkpoint by tensor name, one module
+    at a time: every rank gathers the module's parameters, rank 0 copies them in from the
+    safetensors (the file opened for that module only, so its pages are not held mapped for the
+    whole load) and DeepSpeed partitions them again. transformers' own ZeRO-3 loader keeps every
+    checkpoint file mapped on rank 0 until the end, a second copy of the model on the node
+    (bench/host_loading.py). Buffers the checkpoint holds are read by every rank (they are not
+    partitioned); the others keep the values the model's init gave them."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from safetensors import safe_open
+
+    files = _checkpoint_files(source)
+    where: dict[str, Path] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            where.update((key, path) for key in f.keys())
+    rank0 = dist.get_rank() == 0
+    filled: set[int] = set()
+    missing: dict[str, int] = {}  # key -> its parameter's id (a tied one may be filled by its twin)
+
+    def read(targets: dict) -> None:
+        by_file: dict[Path, list[str]] = {}
+        for key in targets:
+            by_file.setdefault(where[key], []).append(key)
+        for path, keys in by_file.items():
+            with safe_open(str(path), framework="pt") as f:
+                for key in keys:
+                    value, target = f.get_tensor(key), targets[key]
+                    if value.shape != target.shape:
+                        raise StageLoadError(
+                            f"{path.name}: {key} has shape {tuple(value.shape)}, the model "
+                            f"{tuple(target.shape)}: the checkpoint is not this model's config"
+                        )
+                    with torch.no_grad():
+                        target.copy_(value)
+
+    for mod_name, module in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        params = {prefix + n: p for n, p in module.named_parameters(recurse=False) if id(p) not in filled}
+        present = {k: p for k, p in params.items() if k in where}
+        missing.update((k, id(p)) for k, p in params.items() if k not in where)
+        if present:
+            with deepspeed.zero.GatheredParameters(list(present.values()), modifier_rank=0):
+                if rank0:
+                    read(present)
+            filled.update(id(p) for p in present.values())
+            release_freed_host_memory()
+        persistent = {prefix + n for n in module.state_dict(keep_vars=True) if "." not in n}
+        buffers = {prefix + n: b for n, b in module.named_buffers(recurse=False) if b is not None}
+        read({k: b for k, b in buffers.items() if k in persistent and k in where})
+    missing = sorted(k for k, i in missing.items() if i not in filled)
+    if missing:
+        raise StageLoadError(
+            f"{source!r} does not hold {missing[0]} (and {len(missing) - 1} more tensors) under the names "
+            "transformers gives them, so ZeRO-3 cannot read it by name; save the model with save_pretrained "
+            "and point --model at that directory"
+        )
+
+
+def release_freed_host_memory() -> None:
+    """Hand the heap's free pages back to the OS (glibc's malloc_trim). A module gathered under
+    ZeRO-3 on CPU ranks is freed after its copy, but glibc keeps large freed blocks in the heap
+    for reuse, so the process's resident memory climbs towards the whole model while it holds a
+    partition (measured: bench/host_loading.py). No-op off glibc; on GPU ranks the gathers live
+    on the device."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        pass
