@@ -77,5 +77,3 @@ NCCL_BUFFERS_GIB = 0.5
 # EMPIRICAL: host RAM each rank uses besides tensors it holds (Python, torch, CUDA host
 # allocations, data loader, tokenizer).
 HOST_BASELINE_PER_RANK_GIB = 3.0
-# Checkpoint shards transformers loads at once when weights are loaded under zero.Init.
-HF_SHARD_BYTES = 5 * GIB

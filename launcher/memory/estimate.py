@@ -277,9 +277,8 @@ def device_figures(allocated: float, world_size: int) -> tuple[float, float]:
 
 def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, cluster: ClusterSpec, dp: int) -> tuple[dict, float]:
     """Host RAM of the busiest node: per rank a baseline plus the larger of its offloaded states
-    and what it materialises while the model loads (loading is over before the optimizer's
+    and what it copies on the host while the model loads (loading is over before the optimizer's
     offloaded states exist). Ranks are pipe-major, so a node's ranks may hold different stages."""
-    ranks = min(cluster.world_size, cluster.gpus_per_node)
     per_stage = [(_loading(arch, spec, arch.total_params), st.host)]
     if spec.pp > 1:
         per_stage = []
@@ -297,23 +296,30 @@ def _host_and_nvme(arch: ModelArch, spec: TrainSpec, st: S.States, cluster: Clus
         }
         if best is None or sum(host.values()) > sum(best.values()):
             best = host
-    return best, st.nvme * ranks
+    return best, st.nvme * min(cluster.world_size, cluster.gpus_per_node)
 
 
 def _loading(arch: ModelArch, spec: TrainSpec, stage_params: float) -> float:
-    """Bytes one rank materialises on the CPU while the model loads (launcher/train/model.py):
-    the whole model under ZeRO-0/1/2; one checkpoint shard at a time under zero.Init or quantised
-    loading; a pipeline rank only its own stage (launcher/train/weights.py), for the families
-    whose checkpoints it reads by tensor name, in the compute dtype before QLoRA quantises it
-    (launcher/train/quantize.py; a whole QLoRA model is quantised by transformers as it loads)."""
+    """Bytes one rank copies on the host while the model loads (launcher/train/model.rank_model;
+    bench/host_loading.py measures it). Not counted: the checkpoint's pages the ranks map, which
+    are the page cache's (one copy per node, however many ranks map them), clean, and given back
+    by the kernel under pressure, so they never make a load fail. A pipeline rank reads its
+    stage's tensors by name (launcher/train/weights.py) in the compute dtype, for the families
+    whose checkpoints match transformers' names; ZeRO-3 reads one module at a time into the
+    partitions for those families (rank 0 copies the largest module, the embedding, at most);
+    everything else is transformers' from_pretrained: the safetensors (stored in the compute dtype,
+    as published checkpoints are) memory-mapped, each tensor
+    going to the rank's GPU (or quantised on the way, QLoRA) and, under ZeRO-3 for the other
+    families, every file kept mapped by rank 0 to the end."""
     from launcher.parallel.split import STAGE_READ_FAMILIES
 
     e = 4 if spec.precision == "fp32" else 2
-    if spec.pp > 1 and arch.model_type in STAGE_READ_FAMILIES:
+    by_name = arch.model_type in STAGE_READ_FAMILIES
+    if spec.pp > 1 and by_name:
         return stage_params * e
-    if spec.zero_stage == 3 or spec.method == "qlora":
-        return min(C.HF_SHARD_BYTES, arch.total_params * e)
-    return arch.total_params * e
+    if spec.zero_stage == 3 and by_name and spec.method != "qlora":
+        return arch.embed_matrix_params * e
+    return 0.0
 
 
 def stage_activations(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> list[float]:

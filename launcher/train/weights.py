@@ -75,6 +75,8 @@ def seeded_init(model, seed: int, keep: Keep | None = None, partitioned: bool = 
         torch.manual_seed(module_seed(seed, name))
         with gathered, torch.no_grad(), init.guard_torch_init_functions():
             owner._init_weights(module)
+        if partitioned:
+            release_freed_host_memory()
         done.update(id(t) for t in own)
 
     _walk(model, "", model, visit)
