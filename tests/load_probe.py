@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SAMPLE_S = 0.005
+SAMPLE_S = 0.02
 
 
 def pss(pid: int | str = "self") -> int:

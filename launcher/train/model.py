@@ -108,10 +108,10 @@ def selective_checkpoint_context():
 def rank_model(run, spec: TrainSpec, ds_config: dict, rank: int, world: int, gpu: int | None):
     """The model this rank trains, loaded so that a node holds about one copy of the weights
     whatever its rank count (bench/host_loading.py measures it):
-    - ZeRO-3: built under DeepSpeed's zero.Init (transformers turns it on while the returned
-      HfDeepSpeedConfig lives), so every parameter is partitioned as it is created and a
-      checkpoint's tensors are copied in one module at a time; no rank holds the whole model.
-      Random-init QLoRA is the exception: it quantises a whole 16-bit model first (demos only).
+    - ZeRO-3 from a checkpoint: built under DeepSpeed's zero.Init (transformers turns it on while
+      the returned HfDeepSpeedConfig lives), so every parameter is partitioned as it is created
+      and the checkpoint's tensors are copied in one module at a time; no rank holds the whole
+      model. A random init (demos, tests) is built whole and partitioned by DeepSpeed.
     - otherwise from a checkpoint: transformers memory-maps the safetensors; on a GPU each tensor
       goes straight to this rank's device, on CPU ranks the weights stay file pages until written,
       so the node's ranks share one copy in the page cache instead of reading one each.
@@ -119,7 +119,9 @@ def rank_model(run, spec: TrainSpec, ds_config: dict, rank: int, world: int, gpu
     Returns (model, blocks per stage, the HfDeepSpeedConfig to keep alive or None)."""
     cfg = run.training
     hf_ds = None
-    partitioned = spec.zero_stage == 3 and not (spec.method == "qlora" and cfg.init == "random")
+    # random init stays whole until DeepSpeed partitions it: under zero.Init the ZeRO-3 run with
+    # weights offloaded to the CPU and states on NVMe hung (tests/test_train_e2e.py[zero3-nvme])
+    partitioned = spec.zero_stage == 3 and cfg.init == "pretrained"
     if partitioned:
         from transformers.integrations import HfDeepSpeedConfig
 
@@ -192,8 +194,7 @@ def build_model(
             raise ModelLoadError(str(exc)) from None
     elif init == "random":
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        # the values a pipeline stage builds for the same names
-        weights.seeded_init(model, seed, partitioned=partitioned)
+        weights.seeded_init(model, seed)  # the values a pipeline stage builds for the same names
     else:
         kwargs = {"dtype": dtype, "attn_implementation": attn}
         if device is not None:
