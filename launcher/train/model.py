@@ -119,8 +119,8 @@ def rank_model(run, spec: TrainSpec, ds_config: dict, rank: int, world: int, gpu
     Returns (model, blocks per stage, the HfDeepSpeedConfig to keep alive or None)."""
     cfg = run.training
     hf_ds = None
-    # random init stays whole until DeepSpeed partitions it: under zero.Init the ZeRO-3 run with
-    # weights offloaded to the CPU and states on NVMe hung (tests/test_train_e2e.py[zero3-nvme])
+    # random init (demos, tests) stays whole until DeepSpeed partitions it; building it under
+    # zero.Init too gave the one-rank values, but is not yet tested with every offload layout
     partitioned = spec.zero_stage == 3 and cfg.init == "pretrained"
     if partitioned:
         from transformers.integrations import HfDeepSpeedConfig
