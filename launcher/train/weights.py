@@ -121,11 +121,24 @@ def _checkpoint_files(source: str) -> list[Path]:
     )
 
 
+def _copy_in(f, path: Path, key: str, target) -> None:
+    """Checkpoint tensor `key` of the open safetensors file `f` into `target` (cast as it copies)."""
+    import torch
+
+    value = f.get_tensor(key)
+    if value.shape != target.shape:
+        raise StageLoadError(
+            f"{path.name}: {key} has shape {tuple(value.shape)}, the model "
+            f"{tuple(target.shape)}: the checkpoint is not this model's config"
+        )
+    with torch.no_grad():
+        target.copy_(value)
+
+
 def load_stage(model, source: str, keep: Keep) -> None:
     """Fill the meta-device skeleton's selected modules from the checkpoint by tensor name (cast
     to the skeleton's dtype, as from_pretrained casts), then compute the buffers a checkpoint
     does not hold (RoPE's inv_freq) as the model's init does."""
-    import torch
     from safetensors import safe_open
 
     wanted = {}
@@ -141,14 +154,7 @@ def load_stage(model, source: str, keep: Keep) -> None:
             for key in f.keys():
                 if key not in wanted:
                     continue
-                value, target = f.get_tensor(key), wanted[key]
-                if value.shape != target.shape:
-                    raise StageLoadError(
-                        f"{path.name}: {key} has shape {tuple(value.shape)}, the model "
-                        f"{tuple(target.shape)}: the checkpoint is not this model's config"
-                    )
-                with torch.no_grad():
-                    target.copy_(value)
+                _copy_in(f, path, key, wanted[key])
                 found.add(key)
     persistent = set(model.state_dict().keys())
     missing = sorted(k for k in wanted if k in persistent and k not in found)
@@ -198,7 +204,6 @@ def load_partitioned(model, source: str) -> None:
     (bench/host_loading.py). Buffers the checkpoint holds are read by every rank (they are not
     partitioned); the others keep the values the model's init gave them."""
     import deepspeed
-    import torch
     import torch.distributed as dist
     from safetensors import safe_open
 
@@ -218,14 +223,7 @@ def load_partitioned(model, source: str) -> None:
         for path, keys in by_file.items():
             with safe_open(str(path), framework="pt") as f:
                 for key in keys:
-                    value, target = f.get_tensor(key), targets[key]
-                    if value.shape != target.shape:
-                        raise StageLoadError(
-                            f"{path.name}: {key} has shape {tuple(value.shape)}, the model "
-                            f"{tuple(target.shape)}: the checkpoint is not this model's config"
-                        )
-                    with torch.no_grad():
-                        target.copy_(value)
+                    _copy_in(f, path, key, targets[key])
 
     for mod_name, module in model.named_modules():
         prefix = f"{mod_name}." if mod_name else ""
