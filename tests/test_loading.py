@@ -1,6 +1,7 @@
 """How ranks load the model (launcher/train/model.rank_model), on real ranks (tests/load_probe.py):
-under ZeRO-3 a checkpoint's parameters are partitioned as they are created and read into the
-partitions one module at a time, with exactly the values one rank would have read.
+under ZeRO-3 every parameter is partitioned as it is created and a checkpoint is read into the
+partitions (or a random init run) one module at a time, with exactly the values one rank would
+have read or built.
 The host RAM a node spends on it is measured by bench/host_loading.py."""
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def probe(tmp_path, name, **run):
         assert r["numel"] / 2 <= r["held_numel"] < r["numel"] / 2 + 1000, r
     assert got["ranks"][0]["digests"] == got["ranks"][1]["digests"]
     return got["ranks"][0]["digests"]
+
+
+def test_zero3_random_init_is_partitioned_from_the_start_with_the_values_of_one_rank(tmp_path):
+    from launcher.train.model import build_model
+
+    want = one_rank_digests(build_model(dict(CATALOG["tiny-llama"]), "", ZERO3, "random", 11, 0.0))
+    assert probe(tmp_path, "random", seed=11) == want
 
 
 def test_zero3_reads_a_checkpoint_into_the_partitions_by_name(tmp_path):

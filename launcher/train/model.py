@@ -108,10 +108,11 @@ def selective_checkpoint_context():
 def rank_model(run, spec: TrainSpec, ds_config: dict, rank: int, world: int, gpu: int | None):
     """The model this rank trains, loaded so that a node holds about one copy of the weights
     whatever its rank count (bench/host_loading.py measures it):
-    - ZeRO-3 from a checkpoint: built under DeepSpeed's zero.Init (transformers turns it on while
-      the returned HfDeepSpeedConfig lives), so every parameter is partitioned as it is created
-      and the checkpoint's tensors are copied in one module at a time; no rank holds the whole
-      model. A random init (demos, tests) is built whole and partitioned by DeepSpeed.
+    - ZeRO-3: built under DeepSpeed's zero.Init (_zero3_model), so every parameter is
+      partitioned as it is created; a checkpoint's tensors are then copied in, or a random init
+      run, one module at a time; no rank holds the whole model. QLoRA is the exception (its
+      quantised tensors are not partitioned as they are created): a checkpoint is quantised by
+      transformers one shard at a time, a random init (demos) quantises a whole 16-bit model.
     - otherwise from a checkpoint: transformers memory-maps the safetensors; on a GPU each tensor
       goes straight to this rank's device, on CPU ranks the weights stay file pages until written,
       so the node's ranks share one copy in the page cache instead of reading one each.
@@ -119,9 +120,7 @@ def rank_model(run, spec: TrainSpec, ds_config: dict, rank: int, world: int, gpu
     Returns (model, blocks per stage, the HfDeepSpeedConfig to keep alive or None)."""
     cfg = run.training
     hf_ds = None
-    # random init (demos, tests) stays whole until DeepSpeed partitions it; building it under
-    # zero.Init too gave the one-rank values, but is not yet tested with every offload layout
-    partitioned = spec.zero_stage == 3 and cfg.init == "pretrained"
+    partitioned = spec.zero_stage == 3 and not (spec.method == "qlora" and cfg.init == "random")
     if partitioned:
         from transformers.integrations import HfDeepSpeedConfig
 
@@ -149,6 +148,28 @@ def _plan_blocks(plan: dict, pp: int, layers: int) -> list[int]:
         )
     return blocks
 
+
+def _zero3_model(config, dtype):
+    """The model built under DeepSpeed's zero.Init, with the ZeRO-3 config of the HfDeepSpeedConfig
+    rank_model keeps alive: each parameter is partitioned as its module is created and none is
+    initialised (the caller copies a checkpoint in, or runs seeded_init, one module at a time).
+    transformers' from_config under ZeRO-3 would first run its own init pass gathering every module
+    on every rank, whose freed blocks glibc keeps: about one model copy per rank at the peak
+    (bench/host_loading.py). RoPE's arange-built buffers keep their dtype as transformers keeps them."""
+    import deepspeed
+    import transformers
+    from transformers import initialization, modeling_utils
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    with (
+        initialization.no_init_weights(),
+        hf_deepspeed.prevent_arange_dtype_change(),
+        deepspeed.zero.Init(config_dict_or_path=hf_deepspeed.deepspeed_config()),
+        modeling_utils.set_zero3_state(),  # transformers does not enter zero.Init a second time
+    ):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.tie_weights()
+    return model
 
 
 def build_model(
@@ -187,14 +208,18 @@ def build_model(
         except weights.StageLoadError as exc:
             raise ModelLoadError(str(exc)) from None
     elif init == "pretrained" and partitioned and spec.method != "qlora" and model_type in STAGE_READ_FAMILIES:
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)  # under zero.Init
+        model = _zero3_model(config, dtype)
         try:
             weights.load_partitioned(model, source)
         except weights.StageLoadError as exc:
             raise ModelLoadError(str(exc)) from None
     elif init == "random":
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-        weights.seeded_init(model, seed)  # the values a pipeline stage builds for the same names
+        if partitioned:
+            model = _zero3_model(config, dtype)
+        else:
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        # the values a pipeline stage builds for the same names
+        weights.seeded_init(model, seed, partitioned=partitioned)
     else:
         kwargs = {"dtype": dtype, "attn_implementation": attn}
         if device is not None:

@@ -44,10 +44,15 @@ def _own(module) -> list:
     return [t for t in (*module.parameters(recurse=False), *module.buffers(recurse=False)) if t is not None]
 
 
-def seeded_init(model, seed: int, keep: Keep | None = None) -> None:
+def seeded_init(model, seed: int, keep: Keep | None = None, partitioned: bool = False) -> None:
     """(Re-)initialise every module `keep` selects (all by default) in place, from its own seed.
     Meta-device modules it selects are given CPU storage first. A tensor shared by two modules
-    (tied weights) takes the first module's init, as transformers' init-then-tie does."""
+    (tied weights) takes the first module's init, as transformers' init-then-tie does.
+    `partitioned` (built under ZeRO-3's zero.Init): each module's parameters, and its direct
+    children's that its init may touch, are gathered while every rank runs the same init and
+    partitioned again from rank 0's values, so no rank ever holds more than one module whole."""
+    import contextlib
+
     import torch
     from transformers import initialization as init
 
@@ -60,9 +65,18 @@ def seeded_init(model, seed: int, keep: Keep | None = None) -> None:
         if any(t.is_meta for t in own):
             module.to_empty(device="cpu", recurse=False)
             own = _own(module)
+        gathered = contextlib.nullcontext()
+        if partitioned:
+            import deepspeed
+
+            params = [*module.parameters(recurse=False)]
+            params += [p for child in module.children() for p in child.parameters(recurse=False)]
+            gathered = deepspeed.zero.GatheredParameters(params, modifier_rank=0)
         torch.manual_seed(module_seed(seed, name))
-        with torch.no_grad(), init.guard_torch_init_functions():
+        with gathered, torch.no_grad(), init.guard_torch_init_functions():
             owner._init_weights(module)
+        if partitioned:
+            release_freed_host_memory()
         done.update(id(t) for t in own)
 
     _walk(model, "", model, visit)
