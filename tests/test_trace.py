@@ -51,9 +51,9 @@ def test_tracker_counts_relabels_and_keeps_the_breakdown_at_the_peak():
 
 def test_untraceable_configurations_are_refused_in_one_line(capsys):
     arch = resolve_model("tiny-llama")
-    assert "bitsandbytes" in untraceable(arch, TrainSpec(method="qlora"))
+    assert untraceable(arch, TrainSpec(method="qlora", optimizer="adamw-8bit")) is None
     assert untraceable(arch, TrainSpec(tp=2)) is not None
-    code = ftlaunch(["estimate", "--model", "tiny-llama", "--gpus", "1xA100", "--method", "qlora", "--trace"])
+    code = ftlaunch(["estimate", "--model", "tiny-llama", "--gpus", "2xA100", "--tp", "2", "--trace"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "cannot trace" in err
 
@@ -104,6 +104,11 @@ CASES = [
     ("gpt2", "1xA100-80GB", dict(micro_batch=8, seq_len=1024, attention="eager")),
     ("mixtral-8x7b", "8xH100-80GB", dict(micro_batch=1, seq_len=2048, zero_stage=3, method="lora")),
     ("mixtral-8x7b", "8xH100-80GB", dict(micro_batch=1, seq_len=2048, zero_stage=3, grad_ckpt="selective")),
+    # bitsandbytes under fake tensors: packed NF4 / int8 weights, their constants, 8-bit states
+    ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=2, seq_len=1024, method="qlora")),
+    ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=1024, method="qlora", quant="int8", zero_stage=3)),
+    ("qwen2.5-0.5b", "8xA100-80GB", dict(micro_batch=1, seq_len=512, method="qlora", zero_stage=3, grad_ckpt="full")),
+    ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=1024, optimizer="adamw-8bit", zero_stage=2)),
     # falcon modifies a module's output in place: ZeRO-3's backward triggers must not hand out views
     ("falcon-40b", "8xH100-80GB", dict(micro_batch=1, seq_len=1024, zero_stage=3, grad_ckpt="full")),
 ]

@@ -213,7 +213,9 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int) -> States:
     if stage >= 2:
         grads /= dp
     if stage == 3:
-        weights /= dp
+        # QLoRA's NF4 constants are not parameters: every rank keeps its layers' whole
+        consts = p.quantizable * (C.NF4_BYTES_PER_PARAM - 0.5) if spec.method == "qlora" and spec.quant == "nf4" else 0.0
+        weights = (weights - consts) / dp + consts
         fp32g = min(fp32g, 4 * C.STAGE3_SUB_GROUP_SIZE) if mixed(spec) else fp32g
     host = nvme = 0.0
     if spec.offload_optimizer != "none" and stage >= 2:
@@ -259,9 +261,15 @@ def zero_buffers(spec: TrainSpec, arch: ModelArch, p: StageParams) -> tuple[floa
         # parameters reach stage3_max_live_parameters; a module is always gathered whole, and
         # no more than the stage's parameters can be. Measured by the ZeRO-3 trace
         # (launcher/trace/zero3.py follows DeepSpeed's coordinator). Released by the optimizer
-        # step; one reduce bucket stays.
-        window = max(p.largest_module, min(C.STAGE3_MAX_LIVE_PARAMETERS, p.total))
-        return window * e, h2 * e
+        # step; one reduce bucket stays. The limit counts the elements DeepSpeed holds: QLoRA's
+        # NF4 weights are packed four to a 16-bit element, LLM.int8's are 1-byte elements.
+        elems, nbytes = p.total, p.total * e
+        if spec.method == "qlora":
+            per = 0.25 if spec.quant == "nf4" else 1.0
+            elems = p.quantizable * per + p.other
+            nbytes = p.quantizable * per * (e if spec.quant == "nf4" else 1) + p.other * e
+        window = max(p.largest_module, min(C.STAGE3_MAX_LIVE_PARAMETERS, elems))
+        return window * nbytes / elems, h2 * e
     return 0.0, 0.0
 
 

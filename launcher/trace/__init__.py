@@ -49,10 +49,6 @@ def untraceable(arch: ModelArch, spec: TrainSpec) -> str | None:
     """Why this configuration cannot be traced, or None."""
     if not arch.hf_config:
         return f"{arch.name} has no config.json contents to build the model from"
-    if spec.method == "qlora":
-        return "QLoRA's quantised layers are bitsandbytes tensors, which the fake-tensor trace does not run"
-    if spec.optimizer == "adamw-8bit":
-        return "8-bit AdamW is a bitsandbytes optimizer the fake-tensor trace does not run; trace with --optimizer adamw"
     if spec.tp > 1 or spec.pp > 1:
         return "tensor and pipeline parallelism are not traced (one rank of a TP/PP group is not simulated)"
     return None
@@ -66,6 +62,12 @@ def trace(
     if why:
         raise TraceError(f"cannot trace this configuration: {why}")
     missing = [m for m in ("torch", "transformers", "peft") if importlib.util.find_spec(m) is None]
+    if spec.method == "qlora" or spec.optimizer == "adamw-8bit":
+        from launcher.train.quantize import bitsandbytes_refusal
+
+        why = bitsandbytes_refusal("tracing QLoRA" if spec.method == "qlora" else "tracing --optimizer adamw-8bit")
+        if why:
+            raise TraceError(why)
     if missing:
         raise TraceError(
             f"--trace needs {', '.join(missing)}: pip install torch first, then -e '.[train]' "

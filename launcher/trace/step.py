@@ -107,6 +107,23 @@ def _dropout_as_on_cuda(torch) -> None:
     F.dropout = dropout
 
 
+def _bitsandbytes_tables(mode) -> None:
+    """bitsandbytes builds its quantisation code tables (8-bit blockwise maps) from Python
+    numbers, which fake tensors cannot hold; build them for real and hand the fake mode's
+    copy to the quantisation ops and 8-bit optimizers that ask (their ops have fake kernels)."""
+    import bitsandbytes.functional as F
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    real = F.create_dynamic_map
+
+    def dynamic_map(*args, **kwargs):
+        with unset_fake_temporarily():
+            table = real(*args, **kwargs)
+        return mode.from_tensor(table)
+
+    F.create_dynamic_map = dynamic_map
+
+
 def trace_step(req: dict) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -130,14 +147,21 @@ def trace_step(req: dict) -> dict:
     _unmasked_batches()
     _attention_without_dropout(torch)
     _dropout_as_on_cuda(torch)
-    with FakeTensorMode(allow_non_fake_inputs=False):
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    if spec.method == "qlora" or spec.optimizer == "adamw-8bit":
+        _bitsandbytes_tables(mode)
+    with mode:
         _progress("building the model on fake tensors")
         model = build_model(hf, "", spec, init="random", seed=0, lora_dropout=0.0)
         model.train()
         params = list(model.parameters())
         trainable = [p for p in params if p.requires_grad]
         n_train = sum(p.numel() for p in trainable)
-        n_total = sum(p.numel() for p in {id(p): p for p in params}.values())
+        # weights, not storage elements: NF4 packs two (in 16-bit storage four) into one
+        n_total = sum(
+            math.prod(p.quant_state.shape) if hasattr(p, "quant_state") else p.numel()
+            for p in {id(p): p for p in params}.values()
+        )
         weight_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in params}.values())
         gdtype = trainable[0].dtype if trainable else torch.float32
         gsize = torch.empty((), dtype=gdtype).element_size()
@@ -145,6 +169,13 @@ def trace_step(req: dict) -> dict:
             tracker.add(p, "unsharded_weights" if stage == 3 else "weights")
         for b in model.buffers():
             tracker.add(b, "weights")
+        if spec.method == "qlora":  # every rank keeps its layers' quantisation constants whole
+            from launcher.train.quantize import quant_constants
+
+            for m in model.modules():
+                if hasattr(m, "weight"):
+                    for t in quant_constants(m):
+                        tracker.add(t, "weights")
         keep: list = []  # harness buffers that live for the whole step
         zero3 = None
         if stage == 3:
@@ -279,6 +310,10 @@ def _count_states(tracker, opt) -> None:
 def _optimizer(torch, spec, params):
     if spec.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=False)
+    if spec.optimizer == "adamw-8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, lr=1e-4)  # as the worker builds it (launcher/train/loop.py)
     if spec.optimizer == "sgd":
         return torch.optim.SGD(params, lr=1e-4, momentum=0.9, foreach=False)
     if spec.optimizer == "adafactor":

@@ -19,6 +19,8 @@ QLoRA trains on a CPU box as on a GPU.
 
 from __future__ import annotations
 
+import contextlib
+
 from launcher.errors import FtlaunchError
 
 MIN_BITSANDBYTES = (0, 48)
@@ -64,26 +66,70 @@ def quantize_linears(model, quant: str, dtype, keep: set[int]) -> int:
 
 def _quantized(bnb, lin, quant: str, dtype):
     import torch
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
     device = lin.weight.device
     bias = lin.bias is not None
     weight = lin.weight.data.to(dtype)
+    fake = isinstance(weight, FakeTensor)
+    with unset_fake_temporarily() if fake else contextlib.nullcontext():  # see _fake_quantized
+        if quant == "nf4":
+            q = bnb.nn.Linear4bit(
+                lin.in_features, lin.out_features, bias=bias, compute_dtype=dtype, quant_type="nf4",
+                compress_statistics=True, quant_storage=dtype, device="meta",
+            )
+        else:
+            q = bnb.nn.Linear8bitLt(
+                lin.in_features, lin.out_features, bias=bias, has_fp16_weights=False, threshold=INT8_THRESHOLD,
+                device="meta",
+            )
+    if bias:
+        q.bias = torch.nn.Parameter(lin.bias.data.to(dtype), requires_grad=False)
+    if fake:
+        q.weight = _fake_quantized(bnb, weight, quant, dtype)
+        return q
     if quant == "nf4":
-        q = bnb.nn.Linear4bit(
-            lin.in_features, lin.out_features, bias=bias, compute_dtype=dtype, quant_type="nf4",
-            compress_statistics=True, quant_storage=dtype, device="meta",
-        )
         q.weight = bnb.nn.Params4bit(
             weight, requires_grad=False, quant_type="nf4", compress_statistics=True, quant_storage=dtype
         )
     else:
-        q = bnb.nn.Linear8bitLt(
-            lin.in_features, lin.out_features, bias=bias, has_fp16_weights=False, threshold=INT8_THRESHOLD, device="meta"
-        )
         q.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
-    if bias:
-        q.bias = torch.nn.Parameter(lin.bias.data.to(dtype), requires_grad=False)
     return q.to(device)  # quantises (bitsandbytes does it on the move to a real device)
+
+
+def _fake_quantized(bnb, weight, quant: str, dtype):
+    """The quantised weight of a layer built under FakeTensorMode (the --trace estimator).
+    bitsandbytes' parameter classes cannot wrap a fake tensor, so the layer gets a frozen
+    Parameter holding what they would hold -- computed by the same bitsandbytes quantisation ops,
+    which have fake implementations -- with the attributes its forward, backward and peft read
+    (the NF4 quant_state with its constants; LLM.int8's CB and SCB)."""
+    import torch
+
+    if quant == "nf4":
+        packed, state = bnb.functional.quantize_4bit(
+            weight, blocksize=64, compress_statistics=True, quant_type="nf4", quant_storage=dtype
+        )
+        p = torch.nn.Parameter(packed, requires_grad=False)
+        p.quant_state, p.quant_type, p.blocksize = state, "nf4", 64
+        p.compress_statistics, p.quant_storage, p.bnb_quantized = True, dtype, True
+        return p
+    cb, scb, _ = bnb.functional.int8_vectorwise_quant(weight.contiguous().to(torch.float16))
+    p = torch.nn.Parameter(cb, requires_grad=False)
+    p.CB, p.SCB, p.has_fp16_weights = cb, scb, False
+    return p
+
+
+def quant_constants(layer) -> list:
+    """The tensors a quantised layer keeps beside its weight (NF4's absmax and code tables,
+    LLM.int8's row scales): not parameters, so neither counted nor partitioned with them."""
+    state = getattr(layer.weight, "quant_state", None)
+    if state is not None:
+        nested = [state.state2.absmax, state.state2.code] if state.nested else []
+        return [t for t in (state.absmax, state.code, state.offset, *nested) if t is not None]
+    scb = getattr(layer.weight, "SCB", None)
+    if scb is None:
+        scb = getattr(getattr(layer, "state", None), "SCB", None)
+    return [scb] if scb is not None else []
 
 
 def quantized_layers(model) -> int:
