@@ -6,6 +6,7 @@ Everything a rank needs is in the run directory; the worker and the backends rea
                          breakdown, the model's config, the training settings, the backend
     ds_config.json       the DeepSpeed config (launcher/emit/deepspeed.py)
     device_map.json      pipeline plans only (launcher/emit/device_map.py)
+    device_map_stages.json  pipeline plans only: the stage boundaries beside it
     accelerate_config.yaml  the same plan for `accelerate launch`
     launch.sh            the exact command the backend runs
     explain.txt          why this plan, in words

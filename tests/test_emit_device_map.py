@@ -108,3 +108,27 @@ def test_usable_with_from_pretrained_device_map_keys():
     dm = device_map(arch, TrainSpec(), 2).device_map
     assert dm["model.embed_tokens"] == 0 and dm["lm_head"] == 1
     assert list(dm.values()) == sorted(dm.values())
+
+
+def test_the_written_device_map_json_is_what_from_pretrained_takes(tmp_path, capsys):
+    import json
+
+    from launcher.cli import main
+
+    argv = ["--model", "tiny-llama", "--gpus", "2xA100", "--pp", "2", "--zero-stage", "1", "--init", "random"]
+    assert main([*argv, "--dry-run", "--name", "pp", "--runs-dir", str(tmp_path)]) == 0, capsys.readouterr().err
+    run = tmp_path / "pp"
+    with open(run / "device_map.json") as f:
+        dmap = json.load(f)
+    stages = json.loads((run / "device_map_stages.json").read_text())
+    assert [s["gpu"] for s in stages["stages"]] == [0, 1] and len(stages["estimated_gib"]) == 2
+    checkpoint = tmp_path / "checkpoint"
+    meta = meta_model("tiny-llama")
+    transformers.AutoModelForCausalLM.from_config(meta.config).save_pretrained(checkpoint)
+    if not torch.cuda.is_available():  # the GPU indices, each read as this CPU
+        dmap = {module: "cpu" for module in dmap}
+    model = transformers.AutoModelForCausalLM.from_pretrained(checkpoint, device_map=dmap)
+    assert {name for name, _ in model.named_parameters()} == {name for name, _ in meta.named_parameters()}
+    if torch.cuda.is_available():
+        assert model.hf_device_map == dmap
+    assert all(p.device.type == ("cuda" if torch.cuda.is_available() else "cpu") for p in model.parameters())

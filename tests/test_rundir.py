@@ -50,6 +50,7 @@ FILES = (
     "launch.sh",
     "explain.txt",
     "device_map.json",
+    "device_map_stages.json",
 )
 
 

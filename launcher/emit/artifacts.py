@@ -81,7 +81,9 @@ def write(
         "explain.txt": explain,
     }
     if spec.pp > 1:
-        files["device_map.json"] = json.dumps(device_map(arch, spec, spec.pp).to_dict(), indent=2) + "\n"
+        dm = device_map(arch, spec, spec.pp)
+        files["device_map.json"] = json.dumps(dm.device_map, indent=2) + "\n"  # the map alone: from_pretrained's
+        files["device_map_stages.json"] = json.dumps(dm.stages_dict(), indent=2) + "\n"
     argv = torchrun.command(
         run_dir,
         cluster.gpus_per_node,

@@ -1,8 +1,9 @@
 """Pipeline device maps: which GPU holds which module, balanced by the memory model.
 
-`device_map(arch, spec, stages)` returns a Hugging Face `device_map` (module name -> GPU index)
-usable as it is with `from_pretrained(device_map=...)`, and the stage boundaries (first and
-last block of each stage) for multi-process pipeline parallelism. Blocks are split into
+`device_map(arch, spec, stages)` returns a Hugging Face `device_map` (module name -> GPU index),
+written alone to device_map.json so that `from_pretrained(device_map=json.load(f))` takes the file
+as it is, and the stage boundaries (first and last block of each stage) for multi-process pipeline
+parallelism, written beside it (device_map_stages.json). Blocks are split into
 contiguous stages so that the largest per-GPU memory is as small as it can be: each block
 costs its weights, gradients, optimizer states and stored activations; the first stage also
 holds the embeddings, the stage with the LM head its weights and the logits / loss working set.
@@ -87,9 +88,9 @@ class DeviceMap:
     stages: list[tuple[int, int]]  # (first block, last block) per stage, inclusive
     stage_bytes: list[float]  # estimated peak bytes per GPU (before allocator margin)
 
-    def to_dict(self) -> dict:
+    def stages_dict(self) -> dict:
+        """The stage boundaries and estimates (device_map_stages.json, beside the map itself)."""
         return {
-            "device_map": self.device_map,
             "stages": [{"gpu": i, "first_layer": a, "last_layer": b} for i, (a, b) in enumerate(self.stages)],
             "estimated_gib": [round(b / 2**30, 3) for b in self.stage_bytes],
         }
