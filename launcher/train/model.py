@@ -128,9 +128,12 @@ def rank_model(run, spec: TrainSpec, ds_config: dict, rank: int, world: int, gpu
     blocks = _plan_blocks(run.plan, spec.pp, int(run.model.hf_config.get("num_hidden_layers", 0)))
     stage = (rank // (world // spec.pp), blocks) if spec.pp > 1 else None  # pipe-major (engines.Pipeline)
     device = f"cuda:{gpu}" if gpu is not None and spec.zero_stage != 3 and stage is None else None
-    model = build_model(
-        run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout, stage, device, partitioned
-    )
+    from launcher.train.weights import large_allocations_returned
+
+    with large_allocations_returned():
+        model = build_model(
+            run.model.hf_config, run.model.source, spec, cfg.init, cfg.seed, cfg.lora_dropout, stage, device, partitioned
+        )
     return model, blocks, hf_ds
 
 

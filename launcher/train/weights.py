@@ -12,6 +12,7 @@ pipeline ranks that materialise only their own stage.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Callable
@@ -51,8 +52,6 @@ def seeded_init(model, seed: int, keep: Keep | None = None, partitioned: bool = 
     `partitioned` (built under ZeRO-3's zero.Init): each module's parameters, and its direct
     children's that its init may touch, are gathered while every rank runs the same init and
     partitioned again from rank 0's values, so no rank ever holds more than one module whole."""
-    import contextlib
-
     import torch
     from transformers import initialization as init
 
@@ -262,17 +261,47 @@ def load_partitioned(model, source: str) -> None:
         )
 
 
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+@contextlib.contextmanager
+def large_allocations_returned():
+    """While a rank builds and loads its model, every host allocation of 1 MiB or more is its own
+    mapping, returned to the OS when freed. glibc's default raises that threshold to the size of
+    the last large block freed (up to 32 MiB), so under ZeRO-3 each whole parameter a CPU rank
+    creates and partitions came from the heap, and the partitions kept between them stopped the
+    heap from shrinking: 4 ranks held ~2.2 model copies at the peak, 1.7 with this
+    (bench/host_loading.py). Afterwards the threshold stays fixed at glibc's ceiling, where its
+    default would have grown anyway. No-op off glibc."""
+    libc = _glibc()
+    if libc is not None:
+        libc.mallopt(_M_MMAP_THRESHOLD, 2**20)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20)
+            libc.malloc_trim(0)
+
+
+def _glibc():
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt, libc.malloc_trim  # noqa: B018 -- glibc only
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
+
+
 def release_freed_host_memory() -> None:
     """Hand the heap's free pages back to the OS (glibc's malloc_trim). A module gathered under
     ZeRO-3 on CPU ranks is freed after its copy, but glibc keeps large freed blocks in the heap
     for reuse, so the process's resident memory climbs towards the whole model while it holds a
     partition (measured: bench/host_loading.py). No-op off glibc; on GPU ranks the gathers live
     on the device."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        ctypes.CDLL(name).malloc_trim(0)
-    except (OSError, AttributeError, TypeError):
-        pass
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
