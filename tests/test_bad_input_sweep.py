@@ -173,3 +173,12 @@ def test_planted_secret_never_reaches_the_run_dir(tmp_path, capsys, monkeypatch)
     for f in run_dir.rglob("*"):
         if f.is_file():
             assert secret not in f.read_text(errors="replace"), f
+
+
+def test_a_multi_node_torchrun_launch_needs_a_rendezvous_endpoint(tmp_path, capsys):
+    argv = ["--model", "tiny-llama", "--gpus", "2x2xA100", "--init", "random", "--dry-run", "--name", "two"]
+    runs = ["--runs-dir", str(tmp_path / "runs")]
+    line = _one_line_exit_2([*argv, *runs], capsys, tmp_path)
+    assert "--rdzv-endpoint" in line and not (tmp_path / "runs" / "two").exists()
+    assert main([*argv, *runs, "--rdzv-endpoint", "10.0.0.1:29400"]) == 0, capsys.readouterr().err
+    assert "10.0.0.1:29400" in (tmp_path / "runs" / "two" / "launch.sh").read_text()

@@ -290,6 +290,13 @@ def run(args: argparse.Namespace) -> int:
     ray = _ray_options(args)
     if args.merge_adapter and args.method not in ("lora", "qlora"):
         raise FtlaunchError("--merge-adapter merges a LoRA / QLoRA adapter: add --method lora or qlora, or drop it")
+    nodes = options.cluster_spec(args).nodes
+    if args.backend == "torchrun" and not args.rdzv_endpoint and nodes > 1:
+        raise FtlaunchError(
+            f"--gpus spans {nodes} nodes: torchrun needs --rdzv-endpoint HOST:PORT (node 0's address, reachable "
+            "from every node; launch.sh then runs on each node), or use --backend slurm or ray, which find "
+            "the head node themselves"
+        )
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)
