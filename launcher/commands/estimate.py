@@ -21,9 +21,10 @@ EPILOG = """examples:
 --trace runs one real training step of the configuration on this machine's CPU under
 torch's FakeTensorMode (no GPU, no weights: nothing is allocated) and counts every tensor
 it keeps, by category, beside the analytic estimate. It needs the train extra (torch,
-transformers, peft) and takes seconds for 1B models, a minute or two for 8B. It traces
-full/LoRA, bf16/fp16/fp32, checkpointing, ZeRO-0/1/2/3 over --gpus data-parallel ranks;
-not QLoRA, 8-bit Adam, TP or PP (it says so).
+transformers, peft; bitsandbytes for QLoRA and 8-bit AdamW) and takes seconds for 1B
+models, a minute or two for 8B. It traces full/LoRA/QLoRA (nf4, int8), bf16/fp16/fp32,
+checkpointing, AdamW/8-bit AdamW/SGD/Adafactor, ZeRO-0/1/2/3 over --gpus data-parallel
+ranks; not TP or PP (it says so).
 
 Each term is documented in launcher/memory/ (formula and source). Peak reserved adds the
 caching allocator's margin; 'GPU total' adds the CUDA context and NCCL buffers, and is what
