@@ -131,4 +131,6 @@ def test_the_written_device_map_json_is_what_from_pretrained_takes(tmp_path, cap
     assert {name for name, _ in model.named_parameters()} == {name for name, _ in meta.named_parameters()}
     if torch.cuda.is_available():
         assert model.hf_device_map == dmap
+    ids = torch.randint(0, meta.config.vocab_size, (2, 16), device=model.device)
+    model(input_ids=ids, labels=ids).loss.backward()  # the placed model trains
     assert all(p.device.type == ("cuda" if torch.cuda.is_available() else "cpu") for p in model.parameters())

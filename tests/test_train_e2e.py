@@ -3,13 +3,11 @@ under torchrun with 2 ranks and DeepSpeed's CPU accelerator (gloo)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 
 import pytest
 
-from launcher.emit.device_map import device_map
 from launcher.models.catalog import resolve_model
 from launcher.spec import TrainSpec
 from tests.runs import events, make_run, run_torchrun
@@ -31,6 +29,7 @@ CASES = {
     # QLoRA through bitsandbytes' CPU backend: 4-bit NF4 without ZeRO, LLM.int8() with the
     # quantised weights sharded by ZeRO-3 (stored in bf16, so ZeRO partitions them like any other)
     "qlora-nf4-zero0": TrainSpec(method="qlora", lora_r=8, zero_stage=0, micro_batch=2, seq_len=64),
+    "qlora-int8-zero0": TrainSpec(method="qlora", quant="int8", lora_r=8, zero_stage=0, micro_batch=2, seq_len=64),
     "qlora-int8-zero3": TrainSpec(
         method="qlora", quant="int8", lora_r=8, zero_stage=3, micro_batch=2, seq_len=64, grad_ckpt="full"
     ),
@@ -73,10 +72,11 @@ def fixed_batch():
     return Batches(ex, 2, 1, 2, 0, tok.pad_token_id).get(0, 0, 0)[0]
 
 
-def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True) -> float:
+def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True, source: str | None = None) -> float:
     """The fixed batch's loss of the exported model, reloaded as a user would: the full model with
-    transformers; an adapter with peft on the same (random-init) base, quantised as trained under
-    QLoRA unless `quantized_base` is False (the 16-bit base a QLoRA adapter is usually merged into)."""
+    transformers; an adapter with peft on the same base (the random init, or the checkpoint at
+    `source`), quantised as trained under QLoRA unless `quantized_base` is False (the 16-bit base a
+    QLoRA adapter is usually merged into)."""
     final = run_dir / "output" / "final"
     if spec.trains_adapters:
         import peft
@@ -85,9 +85,11 @@ def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True) -> float:
         from launcher.train.quantize import quantize_linears
 
         arch = resolve_model("tiny-llama")
-        base = build_model(
-            arch.hf_config, "tiny-llama", spec.with_(method="full", grad_ckpt="none"), "random", 0, 0.0
-        )
+        base_spec = spec.with_(method="full", grad_ckpt="none", zero_stage=0)
+        if source is None:
+            base = build_model(arch.hf_config, "tiny-llama", base_spec, "random", 0, 0.0)
+        else:
+            base = build_model(arch.hf_config, source, base_spec, "pretrained", 0, 0.0)
         if spec.method == "qlora" and quantized_base:
             quantize_linears(base, spec.quant, torch.bfloat16, keep={id(base.get_output_embeddings())})
         model = peft.PeftModel.from_pretrained(base, str(final))
@@ -135,22 +137,6 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     assert names == ["step-00000004", "step-00000008"]
 
 
-def test_device_map_is_usable_by_from_pretrained(tmp_path):
-    """The emitted device_map loads a real model with from_pretrained (GPU indices mapped to the
-    CPU here) and that model trains a step."""
-    arch = resolve_model("tiny-llama")
-    cfg = copy.deepcopy(arch.hf_config)
-    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
-    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "m")
-    dm = device_map(arch, TrainSpec(pp=2, zero_stage=1), 2).device_map
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(tmp_path / "m"), device_map={k: "cpu" for k in dm}
-    )
-    loss = model(**fixed_batch()).loss
-    loss.backward()
-    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
-
-
 def test_merge_adapter_writes_a_full_model_with_the_adapters_loss(tmp_path):
     """--merge-adapter: the QLoRA adapter merged into the 16-bit base (as QLoRA recipes merge it),
     one full model that transformers loads alone and that gives the adapter's loss on that base."""
@@ -192,3 +178,5 @@ def test_qlora_under_zero3_quantises_a_pretrained_checkpoint_while_loading(tmp_p
     losses = [r["loss"] for r in metrics(run_dir)]
     assert len(losses) == 6 and losses[-1] < losses[0], losses
     assert (run_dir / "output" / "final" / "adapter_model.safetensors").is_file()
+    final = json.loads((run_dir / "output" / "final.json").read_text())
+    assert reload_loss(run_dir, spec, source=str(ckpt)) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
