@@ -77,7 +77,7 @@ def write(
     )
     files = {
         "ds_config.json": json.dumps(ds, indent=2) + "\n",
-        "accelerate_config.yaml": accelerate_config(spec, cluster, run.dp),
+        "accelerate_config.yaml": accelerate_config(spec, cluster, run.dp, run_dir, endpoint),
         "explain.txt": explain,
     }
     if spec.pp > 1:
