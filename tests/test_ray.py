@@ -5,6 +5,7 @@ example `ray up` config, and one-line errors within seconds for a cluster that i
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from pathlib import Path
@@ -13,10 +14,12 @@ import pytest
 import yaml
 
 from launcher.backends import ray as ray_backend
+from launcher.backends.ray import train_settings
 from launcher.backends.ray_cluster import cluster_yaml
 from launcher.cli import main
 from launcher.rundir import read_run_dir
 
+JobSubmissionClient = pytest.importorskip("ray.job_submission").JobSubmissionClient
 ROOT = Path(__file__).resolve().parents[1]
 CLOSED = "http://127.0.0.1:9"  # discard port: nothing listens there
 TINY = ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "random", "--zero-stage", "2"]
@@ -48,7 +51,7 @@ def test_a_moved_run_directory_uploads_itself(tmp_path, capsys):
     one_line_error(["launch", str(moved), "--skip-preflight"], capsys)  # nothing answers at CLOSED
     request = json.loads((moved / "ray_job.json").read_text())
     assert request["runtime_env"]["working_dir"] == str(moved)
-    assert request["train"]["storage"] == str(moved.parent)
+    assert train_settings(request)["storage"] == str(moved.parent)
 
 
 def test_dry_run_writes_and_prints_the_exact_request(tmp_path, capsys):
@@ -56,7 +59,16 @@ def test_dry_run_writes_and_prints_the_exact_request(tmp_path, capsys):
     request = json.loads((run_dir / "ray_job.json").read_text())
     assert out["ray_job"] == request
     assert out["launch"] == f"ftlaunch launch {run_dir}"
-    assert request["address"] == "http://head:8265"
+    # a Ray Jobs request and nothing else: the fields of Ray's own submit_job
+    assert set(request) == {"entrypoint", "runtime_env", "metadata"}
+    assert set(request) <= set(inspect.signature(JobSubmissionClient.submit_job).parameters)
+    assert all(isinstance(v, str) for v in request["metadata"].values())  # as the Jobs API wants
+    assert read_run_dir(run_dir).backend["ray"]["address"] == "http://head:8265"
+    submit = out["ray_job_submit"]
+    assert submit[:5] == ["ray", "job", "submit", "--address", "http://head:8265"]
+    assert json.loads(submit[submit.index("--runtime-env-json") + 1]) == request["runtime_env"]
+    assert json.loads(submit[submit.index("--metadata-json") + 1]) == request["metadata"]
+    assert submit[submit.index("--") + 1 :] == request["entrypoint"].split()
     assert request["entrypoint"] == "python -m launcher.backends.ray_entry"
     env = request["runtime_env"]
     assert env["working_dir"] == str(run_dir)
@@ -64,11 +76,11 @@ def test_dry_run_writes_and_prints_the_exact_request(tmp_path, capsys):
     for pattern in (".git", ".venv", "/logs", "/checkpoints", "/output", "*.safetensors"):
         assert pattern in env["excludes"]
     assert env["env_vars"]["DS_ACCELERATOR"] == "cpu"
-    assert request["metadata"] == {
+    assert {k: v for k, v in request["metadata"].items() if k != "ftlaunch_train"} == {
         "ftlaunch_run": "r",
         "ftlaunch_version": read_run_dir(run_dir).ftlaunch_version,
     }
-    assert request["train"] == {
+    assert train_settings(request) == {
         "num_workers": 2,
         "use_gpu": False,
         "resources_per_worker": {"CPU": 1},
@@ -91,7 +103,7 @@ def test_human_dry_run_shows_the_request(tmp_path, capsys):
 def test_storage_and_gpu_workers(tmp_path, capsys):
     shared = tmp_path / "shared"
     _, out = dry_run(tmp_path, capsys, "--ray-storage", str(shared))
-    assert out["ray_job"]["train"]["storage"] == str(shared.resolve())
+    assert train_settings(out["ray_job"])["storage"] == str(shared.resolve())
     code = main(
         ["--model", "tiny-llama", "--gpus", "2x8xA100", "--backend", "ray", "--name", "g"]
         + ["--runs-dir", str(tmp_path), "--dry-run", "--json"]
@@ -99,10 +111,11 @@ def test_storage_and_gpu_workers(tmp_path, capsys):
     request = json.loads(capsys.readouterr().out)["ray_job"]
     assert code == 0
     assert request["runtime_env"]["env_vars"] == {}
-    assert request["train"]["num_workers"] == 16
-    assert request["train"]["use_gpu"] is True
-    assert request["train"]["resources_per_worker"] == {"CPU": 1, "GPU": 1}
-    assert request["train"]["placement_strategy"] == "SPREAD"
+    train = train_settings(request)
+    assert train["num_workers"] == 16
+    assert train["use_gpu"] is True
+    assert train["resources_per_worker"] == {"CPU": 1, "GPU": 1}
+    assert train["placement_strategy"] == "SPREAD"
 
 
 @pytest.mark.parametrize(
@@ -114,7 +127,7 @@ def test_placement_strategy_follows_the_node_shape(gpus, strategy, tmp_path, cap
         + ["--runs-dir", str(tmp_path), "--dry-run", "--json"]
     )
     assert code == 0
-    assert json.loads(capsys.readouterr().out)["ray_job"]["train"]["placement_strategy"] == strategy
+    assert train_settings(json.loads(capsys.readouterr().out)["ray_job"])["placement_strategy"] == strategy
 
 
 @pytest.mark.parametrize(

@@ -196,3 +196,25 @@ def test_a_cluster_without_the_gpus_is_refused_within_seconds(ray_cluster, tmp_p
     assert time.time() - t0 < 10
     assert "has 8 GPU(s)" in err[0] and "16 GPU" in err[0]
     assert not (tmp_path / "big" / "job.json").exists()
+
+
+def test_rays_own_cli_runs_the_written_request(ray_cluster, tmp_path):
+    """ray_job.json is a Ray Jobs request as written: `ray job submit` with it (the command line a
+    dry run prints) trains the run to the end, without ftlaunch in between."""
+    from ray.job_submission import JobSubmissionClient
+
+    run_dir = ray_run(tmp_path, "by-hand", ray_cluster, max_steps=4, save_every=2)
+    request = json.loads((run_dir / "ray_job.json").read_text())
+    argv = ray_backend.submit_command(request, ray_cluster)
+    argv[0] = str(Path(sys.executable).parent / "ray")
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    client = JobSubmissionClient(ray_cluster)
+    job = next(j for j in client.list_jobs() if (j.metadata or {}).get("ftlaunch_run") == "by-hand")
+    deadline = time.time() + 300
+    while str(client.get_job_status(job.submission_id)) not in ("SUCCEEDED", "FAILED", "STOPPED"):
+        assert time.time() < deadline, "the job did not end in 300 s"
+        time.sleep(1)
+    assert str(client.get_job_status(job.submission_id)) == "SUCCEEDED", client.get_job_logs(job.submission_id)[-3000:]
+    assert sorted(curve(run_dir)) == [1, 2, 3, 4]

@@ -1,18 +1,23 @@
 """The Ray backend: a Ray Jobs submission whose entrypoint trains the run under Ray Train.
 
-The request is written to RUN_DIR/ray_job.json with the run directory (`--dry-run` prints it);
-submit sends exactly that through ray.job_submission.JobSubmissionClient:
+The request is written to RUN_DIR/ray_job.json with the run directory (`--dry-run` prints it).
+It is a Ray Jobs request and nothing else: Ray's own JobSubmissionClient.submit_job(**request)
+and `ray job submit` (submit_command) take it as written, and submit sends exactly that:
 
     entrypoint   python -m launcher.backends.ray_entry       (launcher/backends/ray_entry.py)
     runtime_env  working_dir: the run directory, without its outputs (logs/, checkpoints/,
                  output/, ray/) or weight files; py_modules: this launcher package; env_vars
                  (DS_ACCELERATOR=cpu for --cpu runs); excludes also drop .git, .venv, caches
-    metadata     the ftlaunch run name and version (how `ftlaunch jobs --address` finds its jobs)
-    train        what the entrypoint gives Ray Train: workers, resources per worker, placement
+                 (local paths, which Ray's client and CLI upload before the REST call)
+    metadata     the ftlaunch run name and version (how `ftlaunch jobs --address` finds its
+                 jobs) and, as the JSON string Ray's metadata values must be, ftlaunch_train:
+                 what the entrypoint gives Ray Train: workers, resources per worker, placement
                  strategy, max_failures, and `storage`, the directory every Ray node sees, in
                  which the run directory lives on the cluster (STORAGE/NAME; default: the run
                  directory's own parent, right for a cluster on this machine or one that mounts
                  the same path)
+
+The dashboard address is not part of a request: plan.json keeps the one given with --address.
 
 Before anything is uploaded: the upload must be under MAX_UPLOAD_MIB, the dashboard must answer
 within TIMEOUT_S, and its alive nodes must hold the CPUs / GPUs the workers ask for. Each failure
@@ -100,15 +105,14 @@ def job_request(
     run_dir: Path,
     run: RunFile,
     cpu: bool,
-    address: str | None = None,
     storage: str | Path | None = None,
     max_failures: int = 2,
 ) -> dict:
     """The exact Ray Jobs request for the run directory (what ray_job.json holds)."""
     run_dir = Path(run_dir).resolve()
     storage = Path(storage).resolve() if storage else run_dir.parent
+    train = {**scaling(run, cpu), "max_failures": max_failures, "storage": str(storage)}
     return {
-        "address": address,
         "entrypoint": ENTRYPOINT,
         "runtime_env": {
             "working_dir": str(run_dir),
@@ -116,9 +120,27 @@ def job_request(
             "excludes": list(EXCLUDES),
             "env_vars": dict(CPU_ENV) if cpu else {},
         },
-        "metadata": {"ftlaunch_run": run.name, "ftlaunch_version": __version__},
-        "train": {**scaling(run, cpu), "max_failures": max_failures, "storage": str(storage)},
+        "metadata": {
+            "ftlaunch_run": run.name,
+            "ftlaunch_version": __version__,
+            "ftlaunch_train": json.dumps(train, sort_keys=True),
+        },
     }
+
+
+def train_settings(request: dict) -> dict:
+    """What the entrypoint gives Ray Train, from a request's metadata (see job_request)."""
+    return json.loads(request["metadata"]["ftlaunch_train"])
+
+
+def submit_command(request: dict, address: str | None) -> list[str]:
+    """The `ray job submit` command line that sends the same request."""
+    return [
+        "ray", "job", "submit", "--address", address or "$RAY_ADDRESS",
+        "--runtime-env-json", json.dumps(request["runtime_env"]),
+        "--metadata-json", json.dumps(request["metadata"]),
+        "--no-wait", "--", *request["entrypoint"].split(),
+    ]
 
 
 def files(run_dir: Path, run: RunFile) -> dict[str, str]:
@@ -126,14 +148,7 @@ def files(run_dir: Path, run: RunFile) -> dict[str, str]:
     from launcher.backends.ray_cluster import FILE, cluster_yaml
 
     opts = run.backend["ray"]
-    request = job_request(
-        run_dir,
-        run,
-        opts["cpu"],
-        opts.get("address"),
-        opts.get("storage"),
-        run.backend.get("max_restarts", 0),
-    )
+    request = job_request(run_dir, run, opts["cpu"], opts.get("storage"), run.backend.get("max_restarts", 0))
     c = run.cluster
     return {
         REQUEST_FILE: json.dumps(request, indent=2) + "\n",
@@ -149,8 +164,10 @@ def read_request(run_dir: Path) -> dict:
         request = json.loads(path.read_bytes()[: 16 * 2**20])
     except (OSError, ValueError, RecursionError):
         request = None
-    if not isinstance(request, dict) or not isinstance(request.get("train"), dict):  # edited or broken
-        raise RayError(f"{path} is not a Ray job request ftlaunch wrote; write it again with --dry-run --replan")
+    try:
+        train_settings(request)["storage"]
+    except (TypeError, KeyError, ValueError, AttributeError):  # edited or broken
+        raise RayError(f"{path} is not a Ray job request ftlaunch wrote; write it again with --dry-run --replan") from None
     return request
 
 
@@ -279,20 +296,16 @@ def submit(run_dir: Path) -> dict:
     if request.get("runtime_env", {}).get("working_dir") != str(run_dir):  # copied or moved here:
         write_atomic(run_dir / REQUEST_FILE, files(run_dir, read_run_dir(run_dir))[REQUEST_FILE])
         request = read_request(run_dir)  # written again for this place, which is what is uploaded
-    address = resolve_address(request.get("address"))
+    address = resolve_address(read_run_dir(run_dir).backend["ray"].get("address"))
     if (run_dir / JOB_FILE).exists() and status(run_dir)["state"] in ACTIVE:
         raise RayError(f"{run_dir.name} is already running; `ftlaunch cancel {run_dir}` first")
     check_upload(request)
-    check_cluster(address, request["train"])
+    train = train_settings(request)
+    check_cluster(address, train)
     client = _client(address)
     submission_id = f"{request['metadata']['ftlaunch_run']}-{uuid.uuid4().hex[:8]}"
     try:
-        client.submit_job(
-            entrypoint=request["entrypoint"],
-            submission_id=submission_id,
-            runtime_env=request["runtime_env"],
-            metadata=request["metadata"],
-        )
+        client.submit_job(submission_id=submission_id, **request)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise RayError(
             f"the Ray cluster at {address} refused the job: {' '.join(str(exc).split())[:300]}"
@@ -301,7 +314,7 @@ def submit(run_dir: Path) -> dict:
         "backend": "ray",
         "address": address,
         "submission_id": submission_id,
-        "cluster_run_dir": str(Path(request["train"]["storage"]) / run_dir.name),
+        "cluster_run_dir": str(Path(train["storage"]) / run_dir.name),
         "started": time.time(),
     }
     write_atomic(run_dir / JOB_FILE, json.dumps(job, indent=2) + "\n")

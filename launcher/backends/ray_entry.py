@@ -1,8 +1,8 @@
 """The Ray Jobs entrypoint: `python -m launcher.backends.ray_entry`, run by Ray on the cluster in
 the shipped copy of the run directory (the job's working_dir, see launcher/backends/ray.py).
 
-It places the run directory on the storage every node sees (ray_job.json's train.storage / NAME,
-copying the submitted inputs there) and trains it under Ray Train's TorchTrainer, one Ray Train
+It places the run directory on the storage every node sees (STORAGE/NAME, STORAGE from
+ray_job.json's ftlaunch_train metadata, copying the submitted inputs there) and trains it under Ray Train's TorchTrainer, one Ray Train
 worker per rank. Each Ray Train worker starts the rank exactly as torchrun does: the same worker
 (`python -m launcher.train RUN_DIR`, here through `ray_entry --rank`) as a child process, with
 RANK / WORLD_SIZE / LOCAL_RANK from Ray Train's context and a rendezvous address that rank 0
@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 
 import launcher
-from launcher.backends.ray import REQUEST_FILE
+from launcher.backends.ray import REQUEST_FILE, train_settings
 from launcher.rundir import read_run_dir
 
 POINTER = "ftlaunch_checkpoint.json"
@@ -190,7 +190,7 @@ def main() -> int:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     shipped = Path.cwd()
-    train = json.loads((shipped / REQUEST_FILE).read_text())["train"]
+    train = train_settings(json.loads((shipped / REQUEST_FILE).read_text()))
     run = read_run_dir(shipped)
     run_dir = Path(train["storage"]) / run.name
     stage(shipped, run_dir)

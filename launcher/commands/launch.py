@@ -282,6 +282,7 @@ def _explain_text(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from launcher.backends.ray import submit_command as ray_submit_command
     from launcher.emit import artifacts
     from launcher.emit.deepspeed import DEFAULT_LR
     from launcher.rundir import TrainingConfig, check_name
@@ -367,13 +368,16 @@ def run(args: argparse.Namespace) -> int:
             out["sbatch"] = (run_dir / SCRIPT).read_text()
         if ray is not None:
             out["ray_job"] = json.loads((run_dir / "ray_job.json").read_text())
+            out["ray_job_submit"] = ray_submit_command(out["ray_job"], ray["address"])
         print(json.dumps(out, indent=2))
     else:
         print(explain, end="")
         if ray is not None:
             request = (run_dir / "ray_job.json").read_text()
+            by_hand = shlex.join(ray_submit_command(json.loads(request), ray["address"]))
             print(
-                f"\nrun directory: {run_dir}\nRay job request (ray_job.json):\n{request}submit command: {command}"
+                f"\nrun directory: {run_dir}\nRay job request (ray_job.json):\n{request}submit command: {command}\n"
+                f"  (or with Ray's own CLI, without ftlaunch's checks and job record: {by_hand})"
             )
         elif slurm is None:
             print(f"\nrun directory: {run_dir}\nlaunch command: {command}\n  = {shlex.join(argv)}")
