@@ -8,6 +8,8 @@ Everything a rank needs is in the run directory; the worker and the backends rea
     device_map.json      pipeline plans only (launcher/emit/device_map.py)
     device_map_stages.json  pipeline plans only: the stage boundaries beside it
     accelerate_config.yaml  the same plan for `accelerate launch`
+    ds_config_hf.json, hf_args.txt  the same plan for a Hugging Face Trainer script (pp 1 plans:
+                         launcher/emit/hf_trainer.py)
     launch.sh            the exact command the backend runs
     explain.txt          why this plan, in words
     logs/ checkpoints/ output/   written by the job

@@ -51,6 +51,8 @@ FILES = (
     "explain.txt",
     "device_map.json",
     "device_map_stages.json",
+    "ds_config_hf.json",
+    "hf_args.txt",
 )
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 from pathlib import Path
 
 from launcher.backends import torchrun
+from launcher.emit import hf_trainer
 from launcher.emit.accelerate_config import accelerate_config
 from launcher.emit.deepspeed import ds_config
 from launcher.emit.device_map import device_map
@@ -80,6 +82,12 @@ def write(
         "accelerate_config.yaml": accelerate_config(spec, cluster, run.dp, run_dir, endpoint),
         "explain.txt": explain,
     }
+    if spec.pp == 1:  # the Trainer does not drive DeepSpeed's pipeline engine
+        t = run.training
+        files[hf_trainer.CONFIG] = json.dumps(hf_trainer.trainer_ds_config(ds), indent=2) + "\n"
+        files[hf_trainer.ARGS] = shlex.join(
+            hf_trainer.trainer_args(spec, ds, run_dir, t.lr, t.weight_decay, t.warmup_steps)
+        ) + "\n"
     if spec.pp > 1:
         dm = device_map(arch, spec, spec.pp)
         files["device_map.json"] = json.dumps(dm.device_map, indent=2) + "\n"  # the map alone: from_pretrained's
