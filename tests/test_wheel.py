@@ -33,7 +33,7 @@ VERSION = PYPROJECT["project"]["version"]
 TINY = ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "random"]
 BACKENDS = ("torchrun", "slurm", "ray")
 # what a dry run writes for each backend (the empty logs/, checkpoints/, output/ aside)
-RUN_FILES = {"plan.json", "ds_config.json", "accelerate_config.yaml", "launch.sh", "explain.txt"}
+RUN_FILES = {"plan.json", "ds_config.json", "ds_config_hf.json", "hf_args.txt", "accelerate_config.yaml", "launch.sh", "explain.txt"}
 BACKEND_FILES = {"torchrun": set(), "slurm": {"job.sbatch"}, "ray": {"ray_job.json", "ray_cluster.yaml"}}
 
 

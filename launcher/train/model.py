@@ -158,7 +158,9 @@ def _zero3_model(config, dtype):
     initialised (the caller copies a checkpoint in, or runs seeded_init, one module at a time).
     transformers' from_config under ZeRO-3 would first run its own init pass gathering every module
     on every rank, whose freed blocks glibc keeps: about one model copy per rank at the peak
-    (bench/host_loading.py). RoPE's arange-built buffers keep their dtype as transformers keeps them."""
+    (bench/host_loading.py)."""
+    import contextlib
+
     import deepspeed
     import transformers
     from transformers import initialization, modeling_utils
@@ -166,7 +168,8 @@ def _zero3_model(config, dtype):
 
     with (
         initialization.no_init_weights(),
-        hf_deepspeed.prevent_arange_dtype_change(),
+        # RoPE's arange buffers keep their dtype (transformers >= 5.1; 5.0 had no such guard)
+        getattr(hf_deepspeed, "prevent_arange_dtype_change", contextlib.nullcontext)(),
         deepspeed.zero.Init(config_dict_or_path=hf_deepspeed.deepspeed_config()),
         modeling_utils.set_zero3_state(),  # transformers does not enter zero.Init a second time
     ):
