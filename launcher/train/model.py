@@ -247,6 +247,8 @@ def build_model(
     if quantize_after:
         head = model.get_output_embeddings()
         quantize.quantize_linears(model, spec.quant, dtype, keep={id(head)} if head is not None else set())
+    if spec.method == "qlora":
+        quantize.keep_training_layout(model)
     torch.manual_seed(seed)  # what draws next (LoRA's init) draws the same in every layout
     model.config.use_cache = False
     if spec.grad_ckpt != "none":

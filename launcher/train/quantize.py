@@ -132,6 +132,18 @@ def quant_constants(layer) -> list:
     return [scb] if scb is not None else []
 
 
+def keep_training_layout(model) -> None:
+    """bitsandbytes (0.50.2 on) repacks a 4-bit weight in place into a CPU inference layout on the
+    first eval forward without grad on an AVX512-BF16 CPU (the worker's evaluate), and packs it back
+    on state_dict assuming uint8 storage; with the storage in the compute dtype (ZeRO-3, FSDP-QLoRA)
+    the save then fails, and the packed layout is not the one the memory model counts. Off, here."""
+    import bitsandbytes as bnb
+
+    for m in model.modules():
+        if isinstance(m, bnb.nn.Linear4bit):
+            m.support_avx512bf16_for_cpu = False
+
+
 def quantized_layers(model) -> int:
     """How many of `model`'s layers hold quantised weights (either path: ours or transformers')."""
     import bitsandbytes as bnb
