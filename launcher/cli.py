@@ -51,7 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv  # accepted anywhere on the line
+    program_args = None  # after `--`: the user's program's own arguments (--script / --module)
+    if "--" in argv:
+        i = argv.index("--")
+        argv, program_args = argv[:i], argv[i + 1 :]
+    debug = "--debug" in argv  # accepted anywhere on ftlaunch's part of the line
     argv = [a for a in argv if a != "--debug"]
     if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         argv = ["run", *argv]  # `ftlaunch --model M --gpus G` is `ftlaunch run ...`
@@ -61,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors (one line, see _Parser.error), --help, --version
         return exc.code if isinstance(exc.code, int) else 2
     args.debug = debug
+    if program_args is not None and args.command != "run":
+        sys.stderr.write("ftlaunch: error: arguments after `--` go to a --script / --module program; only the run command takes them\n")
+        return 2
+    args.program_args = program_args
     if not getattr(args, "run", None):
         parser.print_help()
         return 2

@@ -51,6 +51,11 @@ def check_run_dir(run_dir: Path) -> list[str]:
         raise PreflightError(
             "the worker needs torch: pip install torch, then pip install 'ftlaunch[train]'"
         ) from None
+    if run.program is not None:  # the user's program: it, not ftlaunch's worker, reads data and model
+        check_program(run.program)
+        check_gpus(run, cpu=_is_cpu_run(run_dir))
+        check_ops(spec)
+        return []
     check_versions()
     from launcher.train.checkpoint import usable
     from launcher.train.data import read_records, tokenize
@@ -69,6 +74,18 @@ def check_run_dir(run_dir: Path) -> list[str]:
     if examples.skipped or examples.no_target:
         notes.append(examples.report(source))
     return notes
+
+
+def check_program(entry) -> None:
+    """The program plan.json names is still there and compiles, from the directory it starts in."""
+    from launcher import program
+
+    if not Path(entry.workdir).is_dir():
+        raise PreflightError(
+            f"your program starts in {entry.workdir}, which does not exist here: launch from the machine it was "
+            "planned on, or plan again where the job runs"
+        )
+    program.check_target(entry.script, entry.module, Path(entry.workdir))
 
 
 def config_mismatch(spec: TrainSpec, dp: int, ds: dict) -> str | None:
@@ -179,6 +196,17 @@ def port_free(port: int, host: str = "0.0.0.0") -> bool:
     return True
 
 
+def _program_start(argv: list[str], entry) -> int | None:
+    """Where the ranks' program begins in launch.sh's torchrun command (None: not found)."""
+    if entry is not None and entry.script is not None:
+        return argv.index(entry.script) if entry.script in argv[1:] else None
+    module = "launcher.train" if entry is None else entry.module
+    for i in range(1, len(argv) - 1):
+        if argv[i] == "-m" and argv[i + 1] == module:
+            return i
+    return None
+
+
 def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
     """Run the all-reduce check with the job's own torchrun options; returns the per-rank reports."""
     from launcher.backends import torchrun
@@ -194,13 +222,13 @@ def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
             raise PreflightError(
                 f"rendezvous port {port} is already in use on this host; pick another --rdzv-endpoint"
             )
-    if "launcher.train" not in argv:
+    i = _program_start(argv, read_run_dir(run_dir).program)
+    if i is None:
         raise PreflightError(
-            f"{run_dir}/launch.sh does not start ftlaunch's worker (`-m launcher.train`); the all-reduce check "
-            "runs only with launch.sh as ftlaunch writes it (write it again with --dry-run, or --no-allreduce)"
+            f"{run_dir}/launch.sh does not start the program plan.json names; the all-reduce check runs only "
+            "with launch.sh as ftlaunch writes it (write it again with --dry-run, or --no-allreduce)"
         )
-    i = argv.index("launcher.train")
-    argv = [*argv[:i], "launcher.train.allreduce_check", str(run_dir), str(timeout)]
+    argv = [*argv[:i], "-m", "launcher.train.allreduce_check", str(run_dir), str(timeout)]
     argv = [a for a in argv if a not in ("--tee", "3")]
     env = {**os.environ, **exported}
     out = run_dir / "logs" / "preflight"
@@ -241,5 +269,11 @@ def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
     if blind:
         raise PreflightError(
             f"the run directory is not visible from {', '.join(blind)}: multi-node runs need it on a shared filesystem"
+        )
+    unseen = [r for r in reports if r.get("missing")]
+    if unseen:
+        raise PreflightError(
+            f"{unseen[0]['missing']} is not visible from {', '.join(sorted({r['host'] for r in unseen}))}: your program "
+            "and the directory it starts in must be on a filesystem every node sees (or at the same path on each)"
         )
     return reports

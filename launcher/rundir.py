@@ -10,7 +10,8 @@ Everything a rank needs is in the run directory; the worker and the backends rea
     accelerate_config.yaml  the same plan for `accelerate launch`
     ds_config_hf.json, hf_args.txt  the same plan for a Hugging Face Trainer script (pp 1 plans:
                          launcher/emit/hf_trainer.py)
-    launch.sh            the exact command the backend runs
+    launch.sh            the exact command the backend runs (ftlaunch's worker, or the user's program:
+                         plan.json's "program", launcher/program.py)
     explain.txt          why this plan, in words
     logs/ checkpoints/ output/   written by the job
 
@@ -26,7 +27,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from launcher import __version__
 from launcher.errors import FtlaunchError
@@ -72,6 +73,21 @@ class ModelEntry(_Strict):
     hf_config: dict
 
 
+class Program(_Strict):
+    """The user's own program, run on every rank in place of ftlaunch's worker (launcher/program.py)."""
+
+    script: str | None = None  # absolute path
+    module: str | None = None  # `python -m` name
+    args: list[str] = []  # as given, placeholders unexpanded
+    workdir: str  # where it was planned from: the ranks start there
+
+    @model_validator(mode="after")
+    def _one(self):
+        if (self.script is None) == (self.module is None):
+            raise ValueError("a program is a script or a module, not both or neither")
+        return self
+
+
 class RunFile(_Strict):
     schema_version: int
     ftlaunch_version: str
@@ -84,6 +100,7 @@ class RunFile(_Strict):
     plan: dict  # memory breakdown and performance estimate
     training: TrainingConfig
     backend: dict
+    program: Program | None = None  # None: ftlaunch's worker (python -m launcher.train RUN_DIR)
 
 
 def check_name(name: str) -> str:

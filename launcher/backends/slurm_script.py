@@ -177,9 +177,11 @@ def render(
     env: dict[str, str],
     opts: SlurmOptions,
     python: str | None = None,
+    program: list[str] | None = None,
+    workdir: str | None = None,
 ) -> str:
     """job.sbatch for a run directory: `nnodes` nodes, one torchrun agent per node, each starting
-    `gpus_per_node` ranks."""
+    `gpus_per_node` ranks of ftlaunch's worker, or `program` (torchrun.command) from `workdir`."""
     import jinja2
 
     from launcher.backends import torchrun
@@ -195,7 +197,7 @@ def render(
         )
     python = python or ("python" if opts.container_image else None)
     argv = torchrun.command(
-        run_dir, gpus_per_node, nnodes, _ENDPOINT, max_restarts, run_id=_RDZV_ID, python=python
+        run_dir, gpus_per_node, nnodes, _ENDPOINT, max_restarts, run_id=_RDZV_ID, python=python, program=program
     )
     srun = [
         f"--nodes={nnodes}",
@@ -207,6 +209,13 @@ def render(
         if opts.cpus_per_node
         else '--cpus-per-task="$SLURM_CPUS_ON_NODE"',
     ]
+    if workdir:  # a user's program starts where it was planned from
+        srun.append("--chdir=" + shlex.quote(workdir))
+    if opts.container_image and program:
+        raise SlurmSpecError(
+            "--container-image runs ftlaunch's worker only: the container would see the run directory but not "
+            "your program or the directory it starts from; drop --container-image (use --setup to prepare the nodes)"
+        )
     if opts.container_image:  # pyxis; the run directory is mounted at the same path
         srun += [
             "--container-image=" + shlex.quote(opts.container_image),
@@ -233,7 +242,7 @@ def render(
         nodes=nnodes,
         gpus_per_node=gpus_per_node,
         o=opts.model_dump(),
-        env=env,
+        env={k: torchrun.shell_word(v, str(run_dir)) for k, v in env.items()},
         shutdown_timeout=max(5, opts.signal_lead - 15),
         srun=srun,
         node_shim=NODE_SHIM,

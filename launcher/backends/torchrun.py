@@ -24,7 +24,9 @@ def command(
     python: str | None = None,
     is_host: bool | None = None,
     local_addr: str | None = None,
+    program: list[str] | None = None,
 ) -> list[str]:
+    """`program`: what each rank runs (SCRIPT ARGS or -m MODULE ARGS; default ftlaunch's worker)."""
     python = python or sys.executable
     argv = [python, "-m", "torch.distributed.run"]
     if nnodes == 1 and endpoint is None:
@@ -55,9 +57,7 @@ def command(
         str(Path(run_dir) / "logs" / "ranks"),
         "--tee",
         "3",
-        "-m",
-        "launcher.train",
-        str(run_dir),
+        *(program or ["-m", "launcher.train", str(run_dir)]),
     ]
     return argv
 
@@ -74,9 +74,10 @@ def shell_word(arg: str, run_dir: str) -> str:
     return shlex.quote(arg)
 
 
-def script(argv: list[str], env: dict[str, str], run_dir: Path) -> str:
+def script(argv: list[str], env: dict[str, str], run_dir: Path, workdir: str | None = None) -> str:
     """launch.sh: the exact command, every word quoted. Paths inside the run directory are taken
-    from where the script lies, so a copied or moved run directory runs itself."""
+    from where the script lies, so a copied or moved run directory runs itself. `workdir`: where
+    the ranks start (a user's program: where it was planned from; default the caller's)."""
     lines = [
         "#!/usr/bin/env bash",
         "# Written by ftlaunch: the exact command the torchrun backend runs.",
@@ -84,20 +85,25 @@ def script(argv: list[str], env: dict[str, str], run_dir: Path) -> str:
         _HERE,
     ]
     for k, v in env.items():
-        lines.append(f"export {k}={shlex.quote(v)}")
+        lines.append(f"export {k}={shell_word(v, str(run_dir))}")
+    if workdir:
+        lines.append(f"cd {shlex.quote(workdir)}")
     lines.append("exec " + " ".join(shell_word(a, str(run_dir)) for a in argv))
     return "\n".join(lines) + "\n"
 
 
 def parse(text: str, run_dir: Path) -> tuple[list[str], dict[str, str]]:
     """The command and exported environment of a launch.sh, with $RUN_DIR as `run_dir`."""
+    here = str(run_dir)
+
+    def local(word: str) -> str:
+        return here + word[len("$RUN_DIR") :] if word == "$RUN_DIR" or word.startswith("$RUN_DIR/") else word
+
     env, argv = {}, []
     for line in text.splitlines():
         if line.startswith("export "):
             k, _, v = line[7:].partition("=")
-            env[k] = shlex.split(v)[0] if v else ""
+            env[k] = local(shlex.split(v)[0]) if v else ""
         elif line.startswith("exec "):
-            argv = shlex.split(line.removeprefix("exec "))
-    here = str(run_dir)
-    argv = [here + a[len("$RUN_DIR") :] if a == "$RUN_DIR" or a.startswith("$RUN_DIR/") else a for a in argv]
+            argv = [local(a) for a in shlex.split(line.removeprefix("exec "))]
     return argv, env

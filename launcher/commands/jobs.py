@@ -217,9 +217,11 @@ def run_jobs(args) -> int:
 
 def run_preflight(args, run_dir: Path) -> int:
     from launcher.preflight import allreduce, check_run_dir
+    from launcher.rundir import read_run_dir
 
     notes = check_run_dir(run_dir)
-    print(f"{run_dir.name}: run directory, data, model, GPUs and DeepSpeed ops ok")
+    checked = "your program" if read_run_dir(run_dir).program is not None else "data, model"
+    print(f"{run_dir.name}: run directory, {checked}, GPUs and DeepSpeed ops ok")
     for note in notes:
         print(f"{run_dir.name}: note: {note}")
     if not args.no_allreduce:

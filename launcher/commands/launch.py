@@ -13,6 +13,7 @@ from pathlib import Path
 
 from launcher import options
 from launcher.errors import FtlaunchError
+from launcher.program import PLACEHOLDERS
 
 MAX_STEPS = 10_000_000  # TrainingConfig's bound
 MAX_SEED = 2**32 - 1  # what every seeded generator the worker uses accepts
@@ -23,6 +24,8 @@ EPILOG = """examples:
   ftlaunch --model tiny-llama --gpus 1x2xA100 --cpu --init random --zero-stage 3 --max-steps 30
   ftlaunch --model llama-3.1-70b --gpus 4x8xH100 --method lora --backend slurm --partition gpu --time 2-00:00:00
   ftlaunch --model llama-3.1-8b --gpus 2x8xA100 --method lora --backend ray --address http://HEAD:8265
+
+  ftlaunch --model llama-3.1-8b --gpus 2x8xH100 --backend slurm --script sft.py -- {hf_args} --output_dir {output_dir}
 
 The run directory holds plan.json, ds_config.json, accelerate_config.yaml, launch.sh,
 explain.txt (and device_map.json for pipeline plans; job.sbatch for --backend slurm;
@@ -123,6 +126,18 @@ def add_parser(sub) -> None:
         help="skip data records that fit no format (default: such a record is an error naming its line); "
         "the count is reported",
     )
+    u = p.add_argument_group(
+        "your own training program (instead of ftlaunch's worker)",
+        "Each rank runs it under the launcher with the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, "
+        "MASTER_ADDR, ...) and FTLAUNCH_RUN_DIR, FTLAUNCH_DS_CONFIG, FTLAUNCH_ACCELERATE_CONFIG, FTLAUNCH_PLAN, "
+        "from the directory you plan in. Arguments after `--` go to it; these placeholders are replaced: "
+        + " ".join(f"{{{k}}}" for k in PLACEHOLDERS)
+        + ". {hf_args} is the Hugging Face TrainingArguments flags of the plan, so a stock Trainer / TRL script "
+        "runs it with: --script train.py -- {hf_args} --output_dir {output_dir}",
+    )
+    which = u.add_mutually_exclusive_group()
+    which.add_argument("--script", metavar="FILE", help="a Python file to run on every rank")
+    which.add_argument("--module", metavar="NAME", help="a module to run on every rank (python -m NAME)")
     r = p.add_argument_group("run directory and launch")
     r.add_argument("--name", help="run name (default MODEL-METHOD-TIMESTAMP)")
     r.add_argument(
@@ -298,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
             "from every node; launch.sh then runs on each node), or use --backend slurm or ray, which find "
             "the head node themselves"
         )
+    program_entry = _program(args)
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)
@@ -340,9 +356,14 @@ def run(args: argparse.Namespace) -> int:
         max_restarts=args.max_restarts,
         slurm=slurm,
         ray=ray,
+        program_entry=program_entry,
     )
+    if program_entry is not None:
+        _check_program_plan(program_entry, best.spec, args.cpu)
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
     explain = _explain_text(result)
+    if program_entry is not None:
+        explain += _program_note(program_entry, arch.name, best.spec)
     run_dir, argv = artifacts.write(
         args.runs_dir,
         run_file,
@@ -391,6 +412,59 @@ def run(args: argparse.Namespace) -> int:
     from launcher.commands.jobs import start
 
     return start(run_dir, args.detach, args.skip_preflight)
+
+
+_WORKER_ONLY = ("data", "tokenizer", "merge_adapter", "skip_bad_records")
+
+
+def _program(args):
+    """plan.json's program entry for --script / --module (None: ftlaunch's worker); checked here,
+    before anything is planned or written: the file exists and compiles, the placeholders are known."""
+    from launcher import program
+    from launcher.rundir import Program
+
+    given = args.program_args
+    if args.script is None and args.module is None:
+        if given:
+            raise FtlaunchError("arguments after `--` go to your program: add --script FILE or --module NAME")
+        return None
+    worker_only = [f"--{k.replace('_', '-')}" for k in _WORKER_ONLY if getattr(args, k)]
+    if worker_only:
+        raise FtlaunchError(
+            f"{', '.join(worker_only)} configure ftlaunch's worker, which --script/--module replaces: pass your "
+            "program its data and settings after `--`"
+        )
+    workdir = Path.cwd()
+    program.check_target(args.script, args.module, workdir)
+    program.check_args(given or [])
+    script = str(Path(args.script).resolve()) if args.script is not None else None
+    return Program(script=script, module=args.module, args=list(given or []), workdir=str(workdir))
+
+
+def _check_program_plan(entry, spec, cpu: bool) -> None:
+    """What the placeholders need from the plan they expand to."""
+    from launcher import program
+
+    if "{hf_args}" not in entry.args:
+        return
+    if spec.pp > 1:
+        raise FtlaunchError(program.NO_TRAINER_FORM)
+    if cpu and spec.precision in ("bf16", "fp16", "bf16-pure"):
+        raise FtlaunchError(
+            f"{{hf_args}} with --cpu: the Trainer runs DeepSpeed on a CPU only in fp32 (it refuses --{spec.precision.split('-')[0]} "
+            "there unless it drops DeepSpeed); add --precision fp32"
+        )
+
+
+def _program_note(entry, model: str, spec) -> str:
+    from launcher import program
+
+    return (
+        f"\nYour program ({program.name(entry)}) runs on every rank in place of ftlaunch's worker. The memory and "
+        f"speed figures above hold only if it trains {model} ({spec.method}) with this plan's settings: micro-batch "
+        f"{spec.micro_batch}, accumulation {spec.grad_accum}, sequence length {spec.seq_len}, ZeRO-{spec.zero_stage}, "
+        f"{spec.precision}, activation checkpointing {spec.grad_ckpt} ({{hf_args}} or ds_config.json carry them).\n"
+    )
 
 
 def _require_gpus(cluster) -> None:

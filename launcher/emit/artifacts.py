@@ -7,6 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
+from launcher import program
 from launcher.backends import torchrun
 from launcher.emit import hf_trainer
 from launcher.emit.accelerate_config import accelerate_config
@@ -28,9 +29,11 @@ def run_file(
     max_restarts: int = 2,
     slurm=None,
     ray: dict | None = None,
+    program_entry=None,
 ) -> RunFile:
     """plan.json's content; `slurm` (backends.slurm_script.SlurmOptions) makes it a Slurm run, `ray`
-    (address, storage, cpu: see backends/ray.py) a Ray run."""
+    (address, storage, cpu: see backends/ray.py) a Ray run; `program_entry` (rundir.Program) runs
+    the user's program instead of ftlaunch's worker."""
     backend = {
         "name": "slurm" if slurm is not None else "ray" if ray is not None else "torchrun",
         "nproc_per_node": cluster.gpus_per_node,
@@ -56,6 +59,7 @@ def run_file(
         plan=plan_dict,
         training=training,
         backend=backend,
+        program=program_entry,
     )
 
 
@@ -82,16 +86,19 @@ def write(
         "accelerate_config.yaml": accelerate_config(spec, cluster, run.dp, run_dir, endpoint),
         "explain.txt": explain,
     }
-    if spec.pp == 1:  # the Trainer does not drive DeepSpeed's pipeline engine
-        t = run.training
+    vals = program.values(run_dir, spec, ds, run.training)
+    if vals[program.HF_ARGS] is not None:  # pp 1: the Trainer does not drive DeepSpeed's pipeline engine
         files[hf_trainer.CONFIG] = json.dumps(hf_trainer.trainer_ds_config(ds), indent=2) + "\n"
-        files[hf_trainer.ARGS] = shlex.join(
-            hf_trainer.trainer_args(spec, ds, run_dir, t.lr, t.weight_decay, t.warmup_steps)
-        ) + "\n"
+        files[hf_trainer.ARGS] = shlex.join(vals[program.HF_ARGS]) + "\n"
     if spec.pp > 1:
         dm = device_map(arch, spec, spec.pp)
         files["device_map.json"] = json.dumps(dm.device_map, indent=2) + "\n"  # the map alone: from_pretrained's
         files["device_map_stages.json"] = json.dumps(dm.stages_dict(), indent=2) + "\n"
+    env = {**(env or {}), **program.env(run_dir)}
+    words, workdir = None, None
+    if run.program is not None:
+        words = program.words(run.program, vals)
+        workdir = run.program.workdir
     argv = torchrun.command(
         run_dir,
         cluster.gpus_per_node,
@@ -99,8 +106,9 @@ def write(
         endpoint=endpoint,
         max_restarts=run.backend.get("max_restarts", 0),
         run_id=run.name,
+        program=words,
     )
-    files["launch.sh"] = torchrun.script(argv, env or {}, run_dir)
+    files["launch.sh"] = torchrun.script(argv, env, run_dir, workdir)
     if run.backend.get("name") == "slurm":
         from launcher.backends import slurm_script
 
@@ -110,8 +118,10 @@ def write(
             cluster.nodes,
             cluster.gpus_per_node,
             run.backend.get("max_restarts", 0),
-            env or {},
+            env,
             slurm_script.SlurmOptions(**run.backend["slurm"]),
+            program=words,
+            workdir=workdir,
         )
     if run.backend.get("name") == "ray":
         from launcher.backends import ray

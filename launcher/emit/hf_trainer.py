@@ -10,6 +10,7 @@ hf_args.txt holds the TrainingArguments flags that give the Trainer the plan's v
 
     python -m torch.distributed.run ... train.py $(cat RUN/hf_args.txt) --output_dir OUT
 
+Precision and gradient checkpointing are stated either way (TRL's defaults differ from the Trainer's).
 Selective recomputation has no Trainer flag: such plans get full gradient checkpointing, which
 needs less memory than the plan counted. Pipeline plans have no Trainer form (the Trainer does
 not drive DeepSpeed's pipeline engine); the Trainer builds its own LoRA / QLoRA model.
@@ -44,7 +45,9 @@ def trainer_ds_config(ds: dict) -> dict:
     return cfg
 
 
-def trainer_args(spec: TrainSpec, ds: dict, run_dir: Path, lr: float, weight_decay: float, warmup: int) -> list[str]:
+def trainer_args(
+    spec: TrainSpec, ds: dict, run_dir: Path, lr: float, weight_decay: float, warmup: int
+) -> list[str]:
     """The TrainingArguments flags that realise the plan with ds_config_hf.json."""
     args = [
         "--deepspeed", str(Path(run_dir) / CONFIG),
@@ -60,9 +63,8 @@ def trainer_args(spec: TrainSpec, ds: dict, run_dir: Path, lr: float, weight_dec
         args += ["--adam_beta1", repr(beta1), "--adam_beta2", repr(beta2), "--adam_epsilon", repr(ds["optimizer"]["params"]["eps"])]
     else:
         args += ["--optim", OPTIM[spec.optimizer]]
+    # stated either way: TRL's SFTConfig, for one, turns bf16 and gradient checkpointing on by default
     for precision in ("bf16", "fp16"):
-        if ds.get(precision, {}).get("enabled"):
-            args.append(f"--{precision}")
-    if spec.grad_ckpt != "none":
-        args.append("--gradient_checkpointing")
+        args += [f"--{precision}", str(bool(ds.get(precision, {}).get("enabled")))]
+    args += ["--gradient_checkpointing", str(spec.grad_ckpt != "none")]
     return args

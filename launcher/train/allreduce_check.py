@@ -1,5 +1,6 @@
 """`python -m launcher.train.allreduce_check RUN_DIR`, run under the job's own torchrun command:
-one all-reduce across every rank with a timeout, and a shared-filesystem check of the run dir.
+one all-reduce across every rank with a timeout, and a shared-filesystem check of the run dir (and
+of the user's program and the directory it starts in, for --script / --module runs).
 
 Each rank writes logs/preflight/rank-N.json: its host, whether it sees rank 0's marker file,
 and the all-reduce result; `ftlaunch preflight` reads them and names the failing host.
@@ -14,6 +15,20 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+
+def _missing_program(run_dir: Path) -> str | None:
+    """The path of the user's program (or the directory it starts in) this rank cannot see."""
+    try:
+        program = json.loads((run_dir / "plan.json").read_text()).get("program")
+    except (OSError, ValueError):
+        return None
+    if not program:
+        return None
+    for path in (program.get("script"), program.get("workdir")):
+        if path and not Path(path).exists():
+            return path
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -44,6 +59,7 @@ def main(argv: list[str]) -> int:
         report["allreduce"] = "ok" if int(t.item()) == world else f"wrong sum {t.item()} != {world}"
         dist.barrier()
         report["sees_run_dir"] = marker.exists()
+        report["missing"] = _missing_program(run_dir)
     except Exception as exc:  # noqa: BLE001 - the report is the point
         report["allreduce"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
     report["seconds"] = round(time.perf_counter() - started, 2)

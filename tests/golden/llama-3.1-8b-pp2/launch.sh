@@ -2,4 +2,8 @@
 # Written by ftlaunch: the exact command the torchrun backend runs.
 set -euo pipefail
 RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export FTLAUNCH_RUN_DIR="$RUN_DIR"
+export FTLAUNCH_PLAN="$RUN_DIR"/plan.json
+export FTLAUNCH_DS_CONFIG="$RUN_DIR"/ds_config.json
+export FTLAUNCH_ACCELERATE_CONFIG="$RUN_DIR"/accelerate_config.yaml
 exec <PYTHON> -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 8 --max-restarts 2 --log-dir "$RUN_DIR"/logs/ranks --tee 3 -m launcher.train "$RUN_DIR"

@@ -1,0 +1,190 @@
+"""`ftlaunch ... --script FILE | --module NAME [-- ARGS]`: the user's own program runs on every rank in
+place of ftlaunch's worker, with the plan handed to it (placeholders, FTLAUNCH_* variables), started
+and watched as the worker is (status, logs, preflight). Stock Hugging Face Trainer and TRL scripts run
+the plan through {hf_args}; a plain torch DDP script and a failing module run as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import main
+from launcher.program import PLACEHOLDERS, ProgramError, expand
+
+SCRIPTS = Path(__file__).parent / "user_scripts"
+CPU_ACCELERATE = Path(__file__).parent / "cpu_accelerate"
+TINY = ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "random", "--max-restarts", "0"]
+
+
+def ftlaunch(tmp_path, name, *argv, dry_run=True):
+    runs = tmp_path / "runs"
+    return main([*TINY, *(["--dry-run"] if dry_run else []), "--name", name, "--runs-dir", str(runs), *argv])
+
+
+@pytest.fixture
+def in_scripts(monkeypatch):
+    """Plan from the scripts' directory, as a user does from their project."""
+    monkeypatch.chdir(SCRIPTS)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+def test_placeholders_expand_and_braces_stay_literal():
+    vals = {**{k: f"<{k}>" for k in PLACEHOLDERS}, "hf_args": ["--a", "1"]}
+    got = expand(["{hf_args}", "--out={output_dir}/x", "{{not_one}}", "{micro_batch}"], vals)
+    assert got == ["--a", "1", "--out=<output_dir>/x", "{not_one}", "<micro_batch>"]
+    with pytest.raises(ProgramError, match="unknown placeholder {nope}"):
+        expand(["{nope}"], vals)
+    with pytest.raises(ProgramError, match="argument of its own"):
+        expand(["x{hf_args}"], vals)
+    with pytest.raises(ProgramError, match="pipeline plan"):
+        expand(["{hf_args}"], {**vals, "hf_args": None})
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--script", "missing.py"], "no such file"),
+        (["--script", "userpkg"], "not a file"),
+        (["--script", "{broken}"], "line 1"),
+        (["--module", "no_such_module_here"], "no such module"),
+        (["--script", "ddp.py", "--", "{out_dir}"], "unknown placeholder {out_dir}"),
+        (["--script", "ddp.py", "--", "a{"], "literal brace"),
+        (["--", "x"], "add --script FILE or --module NAME"),
+        (["--script", "ddp.py", "--data", "d.jsonl"], "--data configure ftlaunch's worker"),
+        (["--script", "ddp.py", "--pp", "2", "--", "{hf_args}"], "pipeline plan has no Hugging Face Trainer form"),
+        (["--script", "ddp.py", "--precision", "bf16", "--", "{hf_args}"], "add --precision fp32"),
+    ],
+)
+def test_bad_programs_are_one_line_and_nothing_is_written(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(SCRIPTS, tmp_path, dirs_exist_ok=True)
+    (tmp_path / "{broken}").write_text("def f(:\n")
+    argv = [a.replace("{broken}", str(tmp_path / "{broken}")) for a in argv]
+    assert ftlaunch(tmp_path, "bad", *argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_arguments_after_double_dash_are_only_for_the_run_command(capsys):
+    assert main(["plan", "--model", "tiny-llama", "--gpus", "1xA100", "--", "x"]) == 2
+    assert "only the run command" in capsys.readouterr().err
+
+
+def test_the_written_command_runs_the_program_from_where_it_was_planned(tmp_path, in_scripts, capsys):
+    args = ["--lr", "1e-3", "--script", "ddp.py", "--zero-stage", "2", "--micro-batch", "4"]
+    assert ftlaunch(tmp_path, "w", *args, "--", "{output_dir}", "{micro_batch}", "--lr={lr}") == 0
+    out = capsys.readouterr().out
+    assert "Your program (ddp.py) runs on every rank" in out and "micro-batch 4" in out
+    run_dir = tmp_path / "runs" / "w"
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["program"] == {
+        "script": str(SCRIPTS / "ddp.py"), "module": None, "workdir": str(SCRIPTS),
+        "args": ["{output_dir}", "{micro_batch}", "--lr={lr}"],
+    }
+    launch = (run_dir / "launch.sh").read_text()
+    assert f"cd {SCRIPTS}\n" in launch and 'export FTLAUNCH_DS_CONFIG="$RUN_DIR"/ds_config.json' in launch
+    assert shlex.split(launch.splitlines()[-1])[-4:] == [str(SCRIPTS / "ddp.py"), "$RUN_DIR/output", "4", "--lr=0.001"]
+    assert "Your program (ddp.py)" in (run_dir / "explain.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_plain_ddp_script_and_a_module_run_on_every_rank(tmp_path, in_scripts, capsys):
+    """Started, watched and preflighted as the worker is; the module's failure ends FAILED with its traceback."""
+    assert ftlaunch(tmp_path, "ddp", "--script", "ddp.py", "--", "{output_dir}", "5", dry_run=False) == 0
+    run_dir = tmp_path / "runs" / "ddp"
+    reports = [json.loads((run_dir / "output" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for rank, got in enumerate(reports):
+        assert got["rank"] == rank and got["world"] == 2 and got["cwd"] == str(SCRIPTS)
+        assert got["env"]["FTLAUNCH_RUN_DIR"] == str(run_dir) and got["env"]["FTLAUNCH_PLAN"] == str(run_dir / "plan.json")
+        assert got["losses"][-1] < got["losses"][0]
+    assert reports[0]["weights_sum"] == reports[1]["weights_sum"]  # DDP kept the replicas equal
+    capsys.readouterr()
+    assert main(["status", str(run_dir)]) == 0 and "SUCCEEDED" in capsys.readouterr().out
+    assert main(["preflight", str(run_dir), "--timeout", "60"]) == 0
+    assert "your program, GPUs" in capsys.readouterr().out
+
+    assert ftlaunch(tmp_path, "fail", "--module", "userpkg.fail", dry_run=False) != 0
+    capsys.readouterr()
+    main(["status", str(tmp_path / "runs" / "fail")])
+    assert "FAILED" in capsys.readouterr().out
+    main(["logs", str(tmp_path / "runs" / "fail")])
+    log = capsys.readouterr().out
+    assert "RuntimeError: the user's training step failed: loss is nan" in log and "rank 1 of 2 starting" in log
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "script, stage, extra",
+    [
+        ("hf_trainer.py", 2, []),
+        ("hf_trainer.py", 3, []),
+        ("trl_sft.py", 3, ["--max_length", "16"]),
+    ],
+)
+def test_stock_trainer_scripts_run_the_plan(script, stage, extra, tmp_path, in_scripts, monkeypatch):
+    """`--script train.py -- {hf_args} --output_dir {output_dir}`: the Trainer's DeepSpeed engine runs the
+    plan's ZeRO stage, micro-batch, accumulation, learning rate and scheduler, no value copied by hand."""
+    if script == "trl_sft.py":
+        pytest.importorskip("trl")
+        # accelerate on a machine without an accelerator (see the file): what a GPU node gives it
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(CPU_ACCELERATE), os.environ.get("PYTHONPATH", "")]))
+    plan = ["--zero-stage", str(stage), "--precision", "fp32", "--micro-batch", "2", "--grad-accum", "2"]
+    plan += ["--lr", "3e-4", "--warmup-steps", "1"]
+    program = ["--script", script, "--", "{hf_args}", "--output_dir", "{output_dir}", "--max_steps", "3"]
+    program += ["--report_to", "none", "--save_strategy", "no", *extra]
+    assert ftlaunch(tmp_path, "t", *plan, *program, dry_run=False) == 0
+    out = tmp_path / "runs" / "t" / "output"
+    for rank in (0, 1):
+        got = json.loads((out / f"engine-{rank}.json").read_text())
+        assert got == {"world": 2, "stage": stage, "micro_batch": 2, "accum": 2, "lr": 3e-4, "scheduler": "WarmupLR"}
+
+
+def test_the_trainer_flags_state_precision_and_checkpointing_either_way(tmp_path, in_scripts):
+    assert ftlaunch(tmp_path, "f", "--precision", "fp32", "--grad-ckpt", "none") == 0
+    flags = shlex.split((tmp_path / "runs" / "f" / "hf_args.txt").read_text())
+    pairs = dict(zip(flags[::2], flags[1::2], strict=True))
+    assert pairs["--bf16"] == "False" and pairs["--fp16"] == "False" and pairs["--gradient_checkpointing"] == "False"
+
+
+def test_a_hand_edited_launch_sh_is_a_preflight_line_not_a_traceback(tmp_path, in_scripts, capsys):
+    assert ftlaunch(tmp_path, "e", "--script", "ddp.py", "--", "{output_dir}", "1") == 0
+    launch = tmp_path / "runs" / "e" / "launch.sh"
+    launch.write_text(launch.read_text().replace(str(SCRIPTS / "ddp.py"), "other.py"))
+    capsys.readouterr()
+    assert main(["preflight", str(tmp_path / "runs" / "e")]) == 2
+    assert "does not start the program plan.json names" in capsys.readouterr().err
+
+
+def test_a_program_that_is_gone_by_launch_time_stops_the_launch(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    assert ftlaunch(tmp_path, "g", "--script", "train.py") == 0
+    (tmp_path / "train.py").write_text("print('hi'\n")
+    capsys.readouterr()
+    assert main(["launch", str(tmp_path / "runs" / "g")]) == 2
+    err = capsys.readouterr().err
+    assert "train.py: line 1" in err and not (tmp_path / "runs" / "g" / "job.json").exists()
+
+
+def test_the_worker_run_is_unchanged(tmp_path, in_scripts):
+    assert ftlaunch(tmp_path, "plain") == 0
+    run_dir = tmp_path / "runs" / "plain"
+    assert "program" in json.loads((run_dir / "plan.json").read_text())
+    assert json.loads((run_dir / "plan.json").read_text())["program"] is None
+    words = shlex.split((run_dir / "launch.sh").read_text().splitlines()[-1])
+    assert words[-3:] == ["-m", "launcher.train", "$RUN_DIR"] and "\ncd " not in (run_dir / "launch.sh").read_text()
+
+
+def test_slurm_runs_the_program_from_where_it_was_planned(tmp_path, in_scripts):
+    assert ftlaunch(tmp_path, "s", "--backend", "slurm", "--script", "ddp.py", "--", "{output_dir}", "2") == 0
+    sbatch = (tmp_path / "runs" / "s" / "job.sbatch").read_text()
+    assert f"--chdir={SCRIPTS}" in sbatch and f'{SCRIPTS / "ddp.py"} "$RUN_DIR"/output 2' in sbatch
+    assert 'export FTLAUNCH_RUN_DIR="$RUN_DIR"' in sbatch
+    subprocess.run(["bash", "-n", str(tmp_path / "runs" / "s" / "job.sbatch")], check=True)
