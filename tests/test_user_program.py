@@ -56,6 +56,7 @@ def test_placeholders_expand_and_braces_stay_literal():
         (["--script", "ddp.py", "--", "{out_dir}"], "unknown placeholder {out_dir}"),
         (["--script", "ddp.py", "--", "a{"], "literal brace"),
         (["--", "x"], "add --script FILE or --module NAME"),
+        (["--script", "ddp.py", "--backend", "ray"], "Ray jobs run ftlaunch's worker only"),
         (["--script", "ddp.py", "--data", "d.jsonl"], "--data configure ftlaunch's worker"),
         (["--script", "ddp.py", "--pp", "2", "--", "{hf_args}"], "pipeline plan has no Hugging Face Trainer form"),
         (["--script", "ddp.py", "--precision", "bf16", "--", "{hf_args}"], "add --precision fp32"),

@@ -428,6 +428,11 @@ def _program(args):
         if given:
             raise FtlaunchError("arguments after `--` go to your program: add --script FILE or --module NAME")
         return None
+    if args.backend == "ray":
+        raise FtlaunchError(
+            "--script/--module run on the torchrun and Slurm backends; Ray jobs run ftlaunch's worker only so "
+            "far: use --backend torchrun or slurm, or submit your script with Ray's own `ray job submit`"
+        )
     worker_only = [f"--{k.replace('_', '-')}" for k in _WORKER_ONLY if getattr(args, k)]
     if worker_only:
         raise FtlaunchError(
