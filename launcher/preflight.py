@@ -197,12 +197,13 @@ def port_free(port: int, host: str = "0.0.0.0") -> bool:
 
 
 def _program_start(argv: list[str], entry) -> int | None:
-    """Where the ranks' program begins in launch.sh's torchrun command (None: not found)."""
+    """Where the ranks' program begins in launch.sh's torchrun (or accelerate launch) command (None:
+    not found)."""
     if entry is not None and entry.script is not None:
         return argv.index(entry.script) if entry.script in argv[1:] else None
     module = "launcher.train" if entry is None else entry.module
     for i in range(1, len(argv) - 1):
-        if argv[i] == "-m" and argv[i + 1] == module:
+        if argv[i] in ("-m", "--module") and argv[i + 1] == module:
             return i
     return None
 
@@ -228,7 +229,10 @@ def allreduce(run_dir: Path, timeout: float = 60.0) -> list[dict]:
             f"{run_dir}/launch.sh does not start the program plan.json names; the all-reduce check runs only "
             "with launch.sh as ftlaunch writes it (write it again with --dry-run, or --no-allreduce)"
         )
-    argv = [*argv[:i], "-m", "launcher.train.allreduce_check", str(run_dir), str(timeout)]
+    # the program's place: `-m NAME` (torchrun, or rank_exit's), `--module NAME` (accelerate), or a script
+    # (run by rank_exit, which takes -m)
+    flag = argv[i] if argv[i] in ("-m", "--module") else "-m"
+    argv = [*argv[:i], flag, "launcher.train.allreduce_check", str(run_dir), str(timeout)]
     argv = [a for a in argv if a not in ("--tee", "3")]
     env = {**os.environ, **exported}
     out = run_dir / "logs" / "preflight"

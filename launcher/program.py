@@ -141,9 +141,10 @@ def expand(args: list[str], vals: dict[str, object]) -> list[str]:
 
 
 def words(program, vals: dict[str, object]) -> list[str]:
-    """What follows the launcher's own options: `SCRIPT ARGS` or `-m MODULE ARGS`."""
+    """What follows the launcher's own options: `SCRIPT ARGS` or `-m MODULE ARGS`, run under
+    launcher/backends/rank_exit.py, which carries exit codes 75 and 2 past torchrun."""
     head = [program.script] if program.script is not None else ["-m", program.module]
-    return head + expand(program.args, vals)
+    return ["-m", "launcher.backends.rank_exit", str(vals["run_dir"]), *head, *expand(program.args, vals)]
 
 
 def name(program) -> str:

@@ -80,6 +80,7 @@ class Program(_Strict):
     module: str | None = None  # `python -m` name
     args: list[str] = []  # as given, placeholders unexpanded
     workdir: str  # where it was planned from: the ranks start there
+    launcher: Literal["torchrun", "accelerate"] = "torchrun"  # what starts the ranks on each node
 
     @model_validator(mode="after")
     def _one(self):

@@ -1,6 +1,11 @@
 """Test-wide settings: DeepSpeed runs on its CPU accelerator here (no GPU on CI)."""
 
 import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -53,3 +58,23 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("CI") and exitstatus == 0 and _skipped(session.config):
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The local Slurm cluster (cluster/slurm_up.sh), started once for the session."""
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("the local Slurm cluster needs root on a Debian-like system (apt-get)")
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run(["bash", str(root / "cluster" / "slurm_up.sh")], check=True, timeout=900)
+    yield
+    subprocess.run(["bash", str(root / "cluster" / "slurm_down.sh")], check=False, timeout=300)
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """sbatch passes the submitting environment on to the job: the CPU settings of the tests."""
+    from tests.runs import cpu_env
+
+    for key, value in cpu_env().items():
+        monkeypatch.setenv(key, value)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -37,7 +36,7 @@ import pytest
 from launcher.backends import slurm, slurm_cluster
 from launcher.cli import main
 from launcher.train import checkpoint as ckpt
-from tests.runs import ROOT, assert_pipeline_export, assert_same_curve, cpu_env
+from tests.runs import assert_pipeline_export, assert_same_curve, cpu_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 pytest.importorskip("deepspeed")
@@ -64,20 +63,9 @@ HOSTILE = 'x"; rm -rf / $(touch MARK) `touch MARK` #c'
 STATE = Path("/var/lib/ftlaunch-slurm")  # cluster/slurm_up.sh's state: slurmd-<node>.pid
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("the local Slurm cluster needs root on a Debian-like system (apt-get)")
-    subprocess.run(["bash", str(ROOT / "cluster" / "slurm_up.sh")], check=True, timeout=900)
-    yield
-    subprocess.run(["bash", str(ROOT / "cluster" / "slurm_down.sh")], check=False, timeout=300)
-
-
 @pytest.fixture
-def cpu(monkeypatch):
-    """sbatch passes the submitting environment on to the job: the CPU settings of the tests."""
-    for key, value in cpu_env().items():
-        monkeypatch.setenv(key, value)
+def cluster(slurm_cluster):
+    return slurm_cluster
 
 
 def ft(*argv: str, capsys=None) -> int:

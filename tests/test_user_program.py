@@ -10,6 +10,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,11 +88,13 @@ def test_the_written_command_runs_the_program_from_where_it_was_planned(tmp_path
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["program"] == {
         "script": str(SCRIPTS / "ddp.py"), "module": None, "workdir": str(SCRIPTS),
-        "args": ["{output_dir}", "{micro_batch}", "--lr={lr}"],
+        "args": ["{output_dir}", "{micro_batch}", "--lr={lr}"], "launcher": "torchrun",
     }
     launch = (run_dir / "launch.sh").read_text()
     assert f"cd {SCRIPTS}\n" in launch and 'export FTLAUNCH_DS_CONFIG="$RUN_DIR"/ds_config.json' in launch
-    assert shlex.split(launch.splitlines()[-1])[-4:] == [str(SCRIPTS / "ddp.py"), "$RUN_DIR/output", "4", "--lr=0.001"]
+    assert shlex.split(launch.splitlines()[-1])[-7:] == [
+        "-m", "launcher.backends.rank_exit", "$RUN_DIR", str(SCRIPTS / "ddp.py"), "$RUN_DIR/output", "4", "--lr=0.001"
+    ]
     assert "Your program (ddp.py)" in (run_dir / "explain.txt").read_text()
 
 
@@ -189,3 +192,116 @@ def test_slurm_runs_the_program_from_where_it_was_planned(tmp_path, in_scripts):
     assert f"--chdir={SCRIPTS}" in sbatch and f'{SCRIPTS / "ddp.py"} "$RUN_DIR"/output 2' in sbatch
     assert 'export FTLAUNCH_RUN_DIR="$RUN_DIR"' in sbatch
     subprocess.run(["bash", "-n", str(tmp_path / "runs" / "s" / "job.sbatch")], check=True)
+
+
+def test_accelerate_launcher_starts_the_program_with_the_runs_accelerate_config(tmp_path, in_scripts):
+    assert ftlaunch(tmp_path, "a", "--launcher", "accelerate", "--script", "accelerate_ds.py", "--", "{output_dir}") == 0
+    run_dir = tmp_path / "runs" / "a"
+    assert json.loads((run_dir / "plan.json").read_text())["program"]["launcher"] == "accelerate"
+    assert json.loads((run_dir / "plan.json").read_text())["spec"]["pp"] == 1  # searched without pipelines
+    words = shlex.split((run_dir / "launch.sh").read_text().splitlines()[-1])
+    assert words[2:6] == ["-m", "accelerate.commands.launch", "--config_file", "$RUN_DIR/accelerate_config.yaml"]
+    assert words[words.index("--num_processes") + 1] == "2" and words[words.index("--log_dir") + 1] == "$RUN_DIR/logs/ranks"
+    assert words[-4:] == ["launcher.backends.rank_exit", "$RUN_DIR", str(SCRIPTS / "accelerate_ds.py"), "$RUN_DIR/output"]
+    assert words[words.index("launcher.backends.rank_exit") - 1] == "--module"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--launcher", "accelerate"], "add --script FILE or --module NAME"),
+        (["--launcher", "accelerate", "--script", "ddp.py", "--pp", "2"], "no pipeline form"),
+    ],
+)
+def test_accelerate_launcher_refusals(argv, message, tmp_path, in_scripts, capsys):
+    assert ftlaunch(tmp_path, "r", *argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_slurm_accelerate_nodes_pass_their_own_rank_and_the_head_address(tmp_path, in_scripts):
+    from launcher.backends.slurm_script import ACCELERATE_NODE_SHIM
+
+    argv = ["--gpus", "2x2xA100", "--backend", "slurm", "--launcher", "accelerate", "--script", "accelerate_ds.py"]
+    assert ftlaunch(tmp_path, "sa", *argv, "--", "{output_dir}") == 0
+    sbatch = (tmp_path / "runs" / "sa" / "job.sbatch").read_text()
+    assert '--main_process_ip "$HEAD_ADDR" --main_process_port "$RDZV_PORT"' in sbatch
+    assert "--rdzv_backend c10d" in sbatch and "--machine_rank @FTLAUNCH_NODE@ --rdzv_conf @FTLAUNCH_IS_HOST@" in sbatch
+    assert shlex.quote(ACCELERATE_NODE_SHIM) in sbatch
+    subprocess.run(["bash", "-n", str(tmp_path / "runs" / "sa" / "job.sbatch")], check=True)
+    # what the shim makes of those words on node 1
+    shim = ACCELERATE_NODE_SHIM.replace('exec "$@"', 'printf "%s\\n" "$@"')
+    out = subprocess.run(
+        ["bash", "-c", shim, "node", "--machine_rank", "@FTLAUNCH_NODE@", "--rdzv_conf", "@FTLAUNCH_IS_HOST@", "a b"],
+        env={**os.environ, "SLURM_NODEID": "1"}, capture_output=True, text=True, check=True,
+    ).stdout
+    assert out.splitlines() == ["--machine_rank", "1", "--rdzv_conf", "is_host=0", "a b"]
+
+
+@pytest.mark.slow
+def test_an_accelerate_script_runs_the_plan_under_accelerate_launch(tmp_path, in_scripts, capsys):
+    """`--launcher accelerate`: the user's Accelerator() script gets the plan's DeepSpeed engine from the
+    run's accelerate config, started and preflighted as any run."""
+    plan = ["--zero-stage", "2", "--micro-batch", "2", "--grad-accum", "2"]
+    program = ["--launcher", "accelerate", "--script", "accelerate_ds.py", "--", "{output_dir}"]
+    assert ftlaunch(tmp_path, "acc", *plan, *program, dry_run=False) == 0
+    run_dir = tmp_path / "runs" / "acc"
+    for rank in (0, 1):
+        got = json.loads((run_dir / "output" / f"engine-{rank}.json").read_text())
+        assert (got["world"], got["dp"], got["stage"], got["micro_batch"], got["grad_accum"]) == (2, 2, 2, 2, 2)
+        assert got["cwd"] == str(SCRIPTS) and got["losses"][-1] < got["losses"][0]
+    assert list((run_dir / "logs" / "ranks").glob("*/attempt_0/1/stdout.log"))  # per-rank logs as torchrun's
+    capsys.readouterr()
+    assert main(["preflight", str(run_dir), "--timeout", "60"]) == 0, capsys.readouterr().err
+
+
+RANK_EXIT = """
+import os, sys
+open(os.environ["COUNT"], "a").write(f"{__name__} {sys.argv[1:]} {sys.path[0]}\\n")
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def _rank_exit(run_dir, *program, count):
+    cmd = [sys.executable, "-m", "launcher.backends.rank_exit", str(run_dir), *program]
+    return subprocess.run(cmd, env={**os.environ, "COUNT": str(count)}, capture_output=True, text=True)
+
+
+def test_rank_exit_runs_a_script_as_python_does_and_keeps_codes_75_and_2(tmp_path):
+    from launcher.backends import rank_exit
+
+    (tmp_path / "prog").mkdir()
+    script, count = tmp_path / "prog" / "s.py", tmp_path / "count"
+    script.write_text(RANK_EXIT)
+    assert _rank_exit(tmp_path, str(script), "0", count=count).returncode == 0
+    assert count.read_text() == f"__main__ ['0'] {tmp_path / 'prog'}\n" and rank_exit.ended(tmp_path) is None
+    assert _rank_exit(tmp_path, str(script), "75", count=count).returncode == 75
+    assert rank_exit.ended(tmp_path) == 75
+    assert _rank_exit(tmp_path, str(script), "2", count=count).returncode == 2
+    assert rank_exit.ended(tmp_path) == 2  # a start-up error outranks a checkpoint
+    again = _rank_exit(tmp_path, str(script), "0", count=count)  # a restart in the same launch
+    assert again.returncode == 2 and "not started again" in again.stderr
+    assert len(count.read_text().splitlines()) == 3  # the program did not run again
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("code, state", [(75, "PREEMPTED"), (2, "FAILED")])
+def test_exit_codes_reach_the_job_past_torchrun(code, state, tmp_path, monkeypatch, capsys):
+    """75: the job is PREEMPTED (checkpointed; launch again resumes). 2: not restarted (--max-restarts 2),
+    recorded as exit code 2."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COUNT", str(tmp_path / "count"))
+    (tmp_path / "s.py").write_text(RANK_EXIT)
+    argv = ["--script", "s.py", "--max-restarts", "2", "--", str(code)]
+    assert ftlaunch(tmp_path, "x", *argv, dry_run=False) != 0
+    capsys.readouterr()
+    main(["status", str(tmp_path / "runs" / "x"), "--json"])
+    st = json.loads(capsys.readouterr().out)
+    assert (st["state"], st["exit_code"]) == (state, code), st
+    # the first rank to exit makes torchrun stop the other, which may not have reached its write
+    runs = len((tmp_path / "count").read_text().splitlines())
+    if code == 2:
+        assert 1 <= runs <= 2  # one attempt: the 2 restarts ended at once
+    else:
+        assert runs >= 3  # torchrun restarts any failure: three attempts (75 is for the job, not the agent)

@@ -22,11 +22,11 @@ import time
 import uuid
 from pathlib import Path
 
-from launcher.backends import procs
+from launcher.backends import procs, rank_exit
 from launcher.errors import FtlaunchError
 from launcher.rundir import RunDirError, read_exit_code, read_job, read_new, write_atomic
 
-PREEMPTED = 75
+PREEMPTED = rank_exit.PREEMPTED
 LOW_SPACE = 64 * 2**20  # below this, a failed job's status names the full disk
 SUPERVISOR_LOG = "supervisor.log"  # what the supervisor itself said (a job that could not start)
 
@@ -178,10 +178,12 @@ def status(run_dir: Path) -> dict:
             out["state"] = "CANCELLED"
         elif code == 0:
             out["state"] = "SUCCEEDED"
-        elif last.get("event") == "preempted":
+        elif last.get("event") == "preempted" or code == PREEMPTED:
             out["state"] = "PREEMPTED"
         else:
             out["state"] = "FAILED"
+            if code == rank_exit.STARTUP:
+                out["reason"] = "a rank exited 2 (a start-up error), not restarted: `ftlaunch logs` shows what to fix"
         return _disk_reason(run_dir, out)
     if job.get("host") != socket.gethostname():
         return {**out, "state": "UNKNOWN", "reason": f"started on {job.get('host')!r}; check there"}

@@ -16,11 +16,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from launcher import __version__, templates
+from launcher.backends import rank_exit
 from launcher.errors import InvalidSpecError
 
 TEMPLATE = "job.sbatch.j2"
 SCRIPT = "job.sbatch"
-PREEMPTED = 75  # the worker's exit code after a checkpoint on SIGTERM / SIGUSR1
+PREEMPTED = rank_exit.PREEMPTED  # a rank's exit code after a checkpoint on SIGTERM / SIGUSR1
 
 _IDENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")  # partition, account, qos names
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.\-&|,*:\[\]()!]{1,512}$")  # a --constraint feature expression
@@ -35,9 +36,21 @@ _MANAGED_SHORT = ("-N", "-n", "-o", "-e", "-D")
 # rendezvous store. Set per node, as torchrun's own guess from hostnames misfires when nodes
 # share a hostname or an address (containers, test clusters).
 NODE_SHIM = 'export PET_RDZV_CONF="is_host=$((SLURM_NODEID == 0))"; exec "$@"'
-# torchrun words the batch script fills in at run time
+# accelerate launch takes the node's rank and the host flag as options: the shim puts them in place
+# of their placeholder words (bash's ${@//...} replaces in every argument)
+ACCELERATE_NODE_SHIM = (
+    'set -- "${@//@FTLAUNCH_NODE@/$SLURM_NODEID}"; '
+    'set -- "${@//@FTLAUNCH_IS_HOST@/is_host=$((SLURM_NODEID == 0))}"; exec "$@"'
+)
+# launcher words the batch script fills in at run time (per node inside srun: single-quoted there)
 _ENDPOINT, _RDZV_ID = "@FTLAUNCH_HEAD@", "@FTLAUNCH_JOB_ID@"
-_SHELL_WORDS = {_ENDPOINT: '"$HEAD_ADDR:$RDZV_PORT"', _RDZV_ID: '"$SLURM_JOB_ID"'}
+_HEAD, _PORT, _NODE_RANK, _IS_HOST = "@FTLAUNCH_HEAD_ADDR@", "@FTLAUNCH_PORT@", "@FTLAUNCH_NODE@", "@FTLAUNCH_IS_HOST@"
+_SHELL_WORDS = {
+    _ENDPOINT: '"$HEAD_ADDR:$RDZV_PORT"',
+    _RDZV_ID: '"$SLURM_JOB_ID"',
+    _HEAD: '"$HEAD_ADDR"',
+    _PORT: '"$RDZV_PORT"',
+}
 
 
 class SlurmSpecError(InvalidSpecError):
@@ -179,12 +192,14 @@ def render(
     python: str | None = None,
     program: list[str] | None = None,
     workdir: str | None = None,
+    launcher: str = "torchrun",
 ) -> str:
     """job.sbatch for a run directory: `nnodes` nodes, one torchrun agent per node, each starting
-    `gpus_per_node` ranks of ftlaunch's worker, or `program` (torchrun.command) from `workdir`."""
+    `gpus_per_node` ranks of ftlaunch's worker, or `program` (torchrun.command) from `workdir`,
+    started by `launcher` (torchrun, or accelerate: backends/accelerate_launch.py)."""
     import jinja2
 
-    from launcher.backends import torchrun
+    from launcher.backends import accelerate_launch, torchrun
 
     run_dir = Path(run_dir)
     if _CONTROL.search(str(run_dir)):
@@ -196,9 +211,16 @@ def render(
             f"{run_dir}: Slurm reads '%' in output paths as a pattern; use another --runs-dir"
         )
     python = python or ("python" if opts.container_image else None)
-    argv = torchrun.command(
-        run_dir, gpus_per_node, nnodes, _ENDPOINT, max_restarts, run_id=_RDZV_ID, python=python, program=program
-    )
+    shim = NODE_SHIM
+    if launcher == "accelerate":
+        argv = accelerate_launch.command(
+            run_dir, gpus_per_node, nnodes, program, f"{_HEAD}:{_PORT}", max_restarts, python, _NODE_RANK, _IS_HOST
+        )
+        shim = ACCELERATE_NODE_SHIM
+    else:
+        argv = torchrun.command(
+            run_dir, gpus_per_node, nnodes, _ENDPOINT, max_restarts, run_id=_RDZV_ID, python=python, program=program
+        )
     srun = [
         f"--nodes={nnodes}",
         f"--ntasks={nnodes}",
@@ -245,7 +267,8 @@ def render(
         env={k: torchrun.shell_word(v, str(run_dir)) for k, v in env.items()},
         shutdown_timeout=max(5, opts.signal_lead - 15),
         srun=srun,
-        node_shim=NODE_SHIM,
+        node_shim=shim,
         torchrun=[_SHELL_WORDS.get(word) or torchrun.shell_word(word, str(run_dir)) for word in argv],
         preempted_code=PREEMPTED,
+        clear_markers=rank_exit.CLEAR_SHELL,
     )

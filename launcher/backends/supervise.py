@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from launcher.backends import rank_exit
+
 
 def main(argv: list[str]) -> int:
     run_dir = Path(argv[0]).resolve()
@@ -41,6 +43,8 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGINT, forward)
         signal.signal(signal.SIGUSR1, forward)
         code = proc.wait()
+    if code != 0:  # torchrun exits 1 whatever its ranks' codes: 75 / 2 come from their markers
+        code = rank_exit.ended(run_dir) or code
     with open(pending, "r+b") as f:  # in place: needs no new space
         f.write(f"{code}\n".encode().ljust(32))
     os.replace(pending, logs / "exit_code")

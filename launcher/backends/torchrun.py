@@ -11,6 +11,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from launcher.backends import rank_exit
+
 DEFAULT_PORT = 29500
 
 
@@ -83,6 +85,7 @@ def script(argv: list[str], env: dict[str, str], run_dir: Path, workdir: str | N
         "# Written by ftlaunch: the exact command the torchrun backend runs.",
         "set -euo pipefail",
         _HERE,
+        rank_exit.CLEAR_SHELL + "  # exit codes 75 / 2 of the last launch's ranks (backends/rank_exit.py)",
     ]
     for k, v in env.items():
         lines.append(f"export {k}={shell_word(v, str(run_dir))}")

@@ -138,6 +138,13 @@ def add_parser(sub) -> None:
     which = u.add_mutually_exclusive_group()
     which.add_argument("--script", metavar="FILE", help="a Python file to run on every rank")
     which.add_argument("--module", metavar="NAME", help="a module to run on every rank (python -m NAME)")
+    u.add_argument(
+        "--launcher",
+        choices=("torchrun", "accelerate"),
+        default="torchrun",
+        help="what starts your program on each node: torchrun (default), or `accelerate launch` with the run's "
+        "accelerate_config.yaml (for scripts built on Accelerator(); the DeepSpeed plan comes from the config)",
+    )
     r = p.add_argument_group("run directory and launch")
     r.add_argument("--name", help="run name (default MODEL-METHOD-TIMESTAMP)")
     r.add_argument(
@@ -314,6 +321,8 @@ def run(args: argparse.Namespace) -> int:
             "the head node themselves"
         )
     program_entry = _program(args)
+    if program_entry is not None and args.pp is None and _data_parallel_only(program_entry):
+        args.pp = 1  # searched without pipelines: their engine is not one the Trainer / accelerate drive
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)
@@ -427,6 +436,11 @@ def _program(args):
     if args.script is None and args.module is None:
         if given:
             raise FtlaunchError("arguments after `--` go to your program: add --script FILE or --module NAME")
+        if args.launcher != "torchrun":
+            raise FtlaunchError(
+                f"--launcher {args.launcher} starts your own program: add --script FILE or --module NAME "
+                "(ftlaunch's worker runs under torchrun)"
+            )
         return None
     if args.backend == "ray":
         raise FtlaunchError(
@@ -443,13 +457,24 @@ def _program(args):
     program.check_target(args.script, args.module, workdir)
     program.check_args(given or [])
     script = str(Path(args.script).resolve()) if args.script is not None else None
-    return Program(script=script, module=args.module, args=list(given or []), workdir=str(workdir))
+    return Program(
+        script=script, module=args.module, args=list(given or []), workdir=str(workdir), launcher=args.launcher
+    )
+
+
+def _data_parallel_only(entry) -> bool:
+    return entry.launcher == "accelerate" or "{hf_args}" in entry.args
 
 
 def _check_program_plan(entry, spec, cpu: bool) -> None:
     """What the placeholders need from the plan they expand to."""
     from launcher import program
 
+    if entry.launcher == "accelerate" and spec.pp > 1:
+        raise FtlaunchError(
+            "--launcher accelerate runs DeepSpeed's data-parallel engine from accelerate_config.yaml, which has no "
+            "pipeline form (accelerate does not drive DeepSpeed's pipeline engine); pin --pp 1, or use --launcher torchrun"
+        )
     if "{hf_args}" not in entry.args:
         return
     if spec.pp > 1:

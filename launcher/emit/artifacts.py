@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 from launcher import program
-from launcher.backends import torchrun
+from launcher.backends import accelerate_launch, torchrun
 from launcher.emit import hf_trainer
 from launcher.emit.accelerate_config import accelerate_config
 from launcher.emit.deepspeed import ds_config
@@ -95,19 +95,25 @@ def write(
         files["device_map.json"] = json.dumps(dm.device_map, indent=2) + "\n"  # the map alone: from_pretrained's
         files["device_map_stages.json"] = json.dumps(dm.stages_dict(), indent=2) + "\n"
     env = {**(env or {}), **program.env(run_dir)}
-    words, workdir = None, None
+    words, workdir, launcher = None, None, "torchrun"
     if run.program is not None:
         words = program.words(run.program, vals)
-        workdir = run.program.workdir
-    argv = torchrun.command(
-        run_dir,
-        cluster.gpus_per_node,
-        cluster.nodes,
-        endpoint=endpoint,
-        max_restarts=run.backend.get("max_restarts", 0),
-        run_id=run.name,
-        program=words,
-    )
+        workdir, launcher = run.program.workdir, run.program.launcher
+    restarts = run.backend.get("max_restarts", 0)
+    if launcher == "accelerate":
+        argv = accelerate_launch.command(
+            run_dir, cluster.gpus_per_node, cluster.nodes, words, endpoint=endpoint, max_restarts=restarts
+        )
+    else:
+        argv = torchrun.command(
+            run_dir,
+            cluster.gpus_per_node,
+            cluster.nodes,
+            endpoint=endpoint,
+            max_restarts=restarts,
+            run_id=run.name,
+            program=words,
+        )
     files["launch.sh"] = torchrun.script(argv, env, run_dir, workdir)
     if run.backend.get("name") == "slurm":
         from launcher.backends import slurm_script
@@ -117,11 +123,12 @@ def write(
             run.name,
             cluster.nodes,
             cluster.gpus_per_node,
-            run.backend.get("max_restarts", 0),
+            restarts,
             env,
             slurm_script.SlurmOptions(**run.backend["slurm"]),
             program=words,
             workdir=workdir,
+            launcher=launcher,
         )
     if run.backend.get("name") == "ray":
         from launcher.backends import ray

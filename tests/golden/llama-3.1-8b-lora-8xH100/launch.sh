@@ -2,6 +2,7 @@
 # Written by ftlaunch: the exact command the torchrun backend runs.
 set -euo pipefail
 RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+rm -f "$RUN_DIR"/logs/.rank_exit-*  # exit codes 75 / 2 of the last launch's ranks (backends/rank_exit.py)
 export FTLAUNCH_RUN_DIR="$RUN_DIR"
 export FTLAUNCH_PLAN="$RUN_DIR"/plan.json
 export FTLAUNCH_DS_CONFIG="$RUN_DIR"/ds_config.json
