@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from launcher import options
+from launcher.commands import program_options
 from launcher.errors import FtlaunchError
 from launcher.program import PLACEHOLDERS
 
@@ -320,8 +321,8 @@ def run(args: argparse.Namespace) -> int:
             "from every node; launch.sh then runs on each node), or use --backend slurm or ray, which find "
             "the head node themselves"
         )
-    program_entry = _program(args)
-    if program_entry is not None and args.pp is None and _data_parallel_only(program_entry):
+    program_entry = program_options.entry(args)
+    if program_entry is not None and args.pp is None and program_options.data_parallel_only(program_entry):
         args.pp = 1  # searched without pipelines: their engine is not one the Trainer / accelerate drive
     arch, cluster, result = _plan(args)
     best = result.best
@@ -368,11 +369,11 @@ def run(args: argparse.Namespace) -> int:
         program_entry=program_entry,
     )
     if program_entry is not None:
-        _check_program_plan(program_entry, best.spec, args.cpu)
+        program_options.check_plan(program_entry, best.spec, args.cpu)
     env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"} if args.cpu else {}
     explain = _explain_text(result)
     if program_entry is not None:
-        explain += _program_note(program_entry, arch.name, best.spec)
+        explain += program_options.note(program_entry, arch.name, best.spec)
     run_dir, argv = artifacts.write(
         args.runs_dir,
         run_file,
@@ -421,80 +422,6 @@ def run(args: argparse.Namespace) -> int:
     from launcher.commands.jobs import start
 
     return start(run_dir, args.detach, args.skip_preflight)
-
-
-_WORKER_ONLY = ("data", "tokenizer", "merge_adapter", "skip_bad_records")
-
-
-def _program(args):
-    """plan.json's program entry for --script / --module (None: ftlaunch's worker); checked here,
-    before anything is planned or written: the file exists and compiles, the placeholders are known."""
-    from launcher import program
-    from launcher.rundir import Program
-
-    given = args.program_args
-    if args.script is None and args.module is None:
-        if given:
-            raise FtlaunchError("arguments after `--` go to your program: add --script FILE or --module NAME")
-        if args.launcher != "torchrun":
-            raise FtlaunchError(
-                f"--launcher {args.launcher} starts your own program: add --script FILE or --module NAME "
-                "(ftlaunch's worker runs under torchrun)"
-            )
-        return None
-    if args.backend == "ray":
-        raise FtlaunchError(
-            "--script/--module run on the torchrun and Slurm backends; Ray jobs run ftlaunch's worker only so "
-            "far: use --backend torchrun or slurm, or submit your script with Ray's own `ray job submit`"
-        )
-    worker_only = [f"--{k.replace('_', '-')}" for k in _WORKER_ONLY if getattr(args, k)]
-    if worker_only:
-        raise FtlaunchError(
-            f"{', '.join(worker_only)} configure ftlaunch's worker, which --script/--module replaces: pass your "
-            "program its data and settings after `--`"
-        )
-    workdir = Path.cwd()
-    program.check_target(args.script, args.module, workdir)
-    program.check_args(given or [])
-    script = str(Path(args.script).resolve()) if args.script is not None else None
-    return Program(
-        script=script, module=args.module, args=list(given or []), workdir=str(workdir), launcher=args.launcher
-    )
-
-
-def _data_parallel_only(entry) -> bool:
-    return entry.launcher == "accelerate" or "{hf_args}" in entry.args
-
-
-def _check_program_plan(entry, spec, cpu: bool) -> None:
-    """What the placeholders need from the plan they expand to."""
-    from launcher import program
-
-    if entry.launcher == "accelerate" and spec.pp > 1:
-        raise FtlaunchError(
-            "--launcher accelerate runs DeepSpeed's data-parallel engine from accelerate_config.yaml, which has no "
-            "pipeline form (accelerate does not drive DeepSpeed's pipeline engine); pin --pp 1, or use --launcher torchrun"
-        )
-    if "{hf_args}" not in entry.args:
-        return
-    if spec.pp > 1:
-        raise FtlaunchError(program.NO_TRAINER_FORM)
-    if cpu and spec.precision in ("bf16", "fp16", "bf16-pure"):
-        raise FtlaunchError(
-            f"{{hf_args}} with --cpu: the Trainer runs DeepSpeed on a CPU only in fp32 (it refuses --{spec.precision.split('-')[0]} "
-            "there unless it drops DeepSpeed); add --precision fp32"
-        )
-
-
-def _program_note(entry, model: str, spec) -> str:
-    from launcher import program
-
-    return (
-        f"\nYour program ({program.name(entry)}) runs on every rank in place of ftlaunch's worker. The memory and "
-        f"speed figures above hold only if it trains {model} ({spec.method}) with this plan's settings: micro-batch "
-        f"{spec.micro_batch}, accumulation {spec.grad_accum}, sequence length {spec.seq_len}, ZeRO-{spec.zero_stage}, "
-        f"{spec.precision}, activation checkpointing {spec.grad_ckpt} ({{hf_args}} or ds_config.json carry them).\n"
-    )
 
 
 def _require_gpus(cluster) -> None:

@@ -1,0 +1,78 @@
+"""The run command's options for the user's own program (--script / --module, --launcher, arguments
+after `--`): checked before anything is planned or written, recorded in plan.json's "program", and
+what the plan must be for them (launcher/program.py is the program itself)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher import program
+from launcher.errors import FtlaunchError
+from launcher.rundir import Program
+
+_WORKER_ONLY = ("data", "tokenizer", "merge_adapter", "skip_bad_records")
+
+
+def entry(args):
+    """plan.json's program entry for --script / --module (None: ftlaunch's worker); checked here,
+    before anything is planned or written: the file exists and compiles, the placeholders are known."""
+    given = args.program_args
+    if args.script is None and args.module is None:
+        if given:
+            raise FtlaunchError("arguments after `--` go to your program: add --script FILE or --module NAME")
+        if args.launcher != "torchrun":
+            raise FtlaunchError(
+                f"--launcher {args.launcher} starts your own program: add --script FILE or --module NAME "
+                "(ftlaunch's worker runs under torchrun)"
+            )
+        return None
+    if args.backend == "ray":
+        raise FtlaunchError(
+            "--script/--module run on the torchrun and Slurm backends; Ray jobs run ftlaunch's worker only so "
+            "far: use --backend torchrun or slurm, or submit your script with Ray's own `ray job submit`"
+        )
+    worker_only = [f"--{k.replace('_', '-')}" for k in _WORKER_ONLY if getattr(args, k)]
+    if worker_only:
+        raise FtlaunchError(
+            f"{', '.join(worker_only)} configure ftlaunch's worker, which --script/--module replaces: pass your "
+            "program its data and settings after `--`"
+        )
+    workdir = Path.cwd()
+    program.check_target(args.script, args.module, workdir)
+    program.check_args(given or [])
+    script = str(Path(args.script).resolve()) if args.script is not None else None
+    return Program(
+        script=script, module=args.module, args=list(given or []), workdir=str(workdir), launcher=args.launcher
+    )
+
+
+def data_parallel_only(entry) -> bool:
+    return entry.launcher == "accelerate" or "{hf_args}" in entry.args
+
+
+def check_plan(entry, spec, cpu: bool) -> None:
+    """What the placeholders need from the plan they expand to."""
+    if entry.launcher == "accelerate" and spec.pp > 1:
+        raise FtlaunchError(
+            "--launcher accelerate runs DeepSpeed's data-parallel engine from accelerate_config.yaml, which has no "
+            "pipeline form (accelerate does not drive DeepSpeed's pipeline engine); pin --pp 1, or use --launcher torchrun"
+        )
+    if "{hf_args}" not in entry.args:
+        return
+    if spec.pp > 1:
+        raise FtlaunchError(program.NO_TRAINER_FORM)
+    if cpu and spec.precision in ("bf16", "fp16", "bf16-pure"):
+        raise FtlaunchError(
+            f"{{hf_args}} with --cpu: the Trainer runs DeepSpeed on a CPU only in fp32 (it refuses --{spec.precision.split('-')[0]} "
+            "there unless it drops DeepSpeed); add --precision fp32"
+        )
+
+
+def note(entry, model: str, spec) -> str:
+    return (
+        f"\nYour program ({program.name(entry)}) runs on every rank in place of ftlaunch's worker. The memory and "
+        f"speed figures above hold only if it trains {model} ({spec.method}) with this plan's settings: micro-batch "
+        f"{spec.micro_batch}, accumulation {spec.grad_accum}, sequence length {spec.seq_len}, ZeRO-{spec.zero_stage}, "
+        f"{spec.precision}, activation checkpointing {spec.grad_ckpt} ({{hf_args}}, ds_config.json and accelerate_config.yaml "
+        "carry them). Exit 75 after a checkpoint to be started again (Slurm requeues); exit 2 is not restarted.\n"
+    )
