@@ -218,3 +218,22 @@ def test_rays_own_cli_runs_the_written_request(ray_cluster, tmp_path):
         time.sleep(1)
     assert str(client.get_job_status(job.submission_id)) == "SUCCEEDED", client.get_job_logs(job.submission_id)[-3000:]
     assert sorted(curve(run_dir)) == [1, 2, 3, 4]
+
+
+def test_a_users_script_runs_under_ray_train_from_its_shipped_directory(ray_cluster, tmp_path, monkeypatch, capsys):
+    """`--script` with `--backend ray`: the directory it was planned from ships with the job (py_modules),
+    each Ray Train worker starts the script there as a rank, with the cluster's run directory."""
+    scripts = ROOT / "tests" / "user_scripts"
+    monkeypatch.chdir(scripts)
+    plan = ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "random", "--max-restarts", "0"]
+    ray = ["--backend", "ray", "--address", ray_cluster, "--name", "prog", "--runs-dir", str(tmp_path)]
+    assert main([*plan, *ray, "--script", "ddp.py", "--", "{output_dir}", "3"]) == 0, capsys.readouterr().err
+    run_dir = tmp_path / "prog"
+    request = json.loads((run_dir / "ray_job.json").read_text())
+    assert request["runtime_env"]["py_modules"][-1] == str(scripts)
+    reports = [json.loads((run_dir / "output" / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for rank, got in enumerate(reports):
+        assert got["rank"] == rank and got["world"] == 2 and got["env"]["FTLAUNCH_RUN_DIR"] == str(run_dir)
+        assert Path(got["cwd"]).name == "user_scripts" and got["cwd"] != str(scripts)  # the shipped copy
+        assert got["losses"][-1] < got["losses"][0]
+    assert ray_backend.status(run_dir)["state"] == "SUCCEEDED"

@@ -57,7 +57,8 @@ def test_placeholders_expand_and_braces_stay_literal():
         (["--script", "ddp.py", "--", "{out_dir}"], "unknown placeholder {out_dir}"),
         (["--script", "ddp.py", "--", "a{"], "literal brace"),
         (["--", "x"], "add --script FILE or --module NAME"),
-        (["--script", "ddp.py", "--backend", "ray"], "Ray jobs run ftlaunch's worker only"),
+        (["--script", "ddp.py", "--backend", "ray", "--launcher", "accelerate"], "Ray Train starts the ranks"),
+        (["--script", str(SCRIPTS / "ddp.py"), "--backend", "ray"], "the directory a Ray job ships"),
         (["--script", "ddp.py", "--data", "d.jsonl"], "--data configure ftlaunch's worker"),
         (["--script", "ddp.py", "--pp", "2", "--", "{hf_args}"], "pipeline plan has no Hugging Face Trainer form"),
         (["--script", "ddp.py", "--precision", "bf16", "--", "{hf_args}"], "add --precision fp32"),
@@ -305,3 +306,13 @@ def test_exit_codes_reach_the_job_past_torchrun(code, state, tmp_path, monkeypat
         assert 1 <= runs <= 2  # one attempt: the 2 restarts ended at once
     else:
         assert runs >= 3  # torchrun restarts any failure: three attempts (75 is for the job, not the agent)
+
+
+def test_a_ray_job_ships_the_programs_directory_without_its_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    ray = ["--backend", "ray", "--address", "http://127.0.0.1:1"]
+    assert ftlaunch(tmp_path, "r", *ray, "--script", "train.py", "--", "{output_dir}") == 0
+    env = json.loads((tmp_path / "runs" / "r" / "ray_job.json").read_text())["runtime_env"]
+    assert env["py_modules"][-1] == str(tmp_path) and "/runs" in env["excludes"]
+    assert env["working_dir"] == str(tmp_path / "runs" / "r")

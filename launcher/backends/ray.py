@@ -6,7 +6,9 @@ and `ray job submit` (submit_command) take it as written, and submit sends exact
 
     entrypoint   python -m launcher.backends.ray_entry       (launcher/backends/ray_entry.py)
     runtime_env  working_dir: the run directory, without its outputs (logs/, checkpoints/,
-                 output/, ray/) or weight files; py_modules: this launcher package; env_vars
+                 output/, ray/) or weight files; py_modules: this launcher package and, for a
+                 user's program (--script / --module), the directory it was planned from (its
+                 runs directory excluded), where its ranks start on the cluster; env_vars
                  (DS_ACCELERATOR=cpu for --cpu runs); excludes also drop .git, .venv, caches
                  (local paths, which Ray's client and CLI upload before the REST call)
     metadata     the ftlaunch run name and version (how `ftlaunch jobs --address` finds its
@@ -112,12 +114,20 @@ def job_request(
     run_dir = Path(run_dir).resolve()
     storage = Path(storage).resolve() if storage else run_dir.parent
     train = {**scaling(run, cpu), "max_failures": max_failures, "storage": str(storage)}
+    modules, excludes = [str(Path(launcher.__file__).resolve().parent)], list(EXCLUDES)
+    if run.program is not None:  # the directory the user's program was planned from ships beside
+        workdir = Path(run.program.workdir)
+        modules.append(str(workdir))
+        for inside in (run_dir.parent, run_dir):  # runs/ inside the project: not its checkpoints
+            if inside != workdir and inside.is_relative_to(workdir):
+                excludes.append("/" + inside.relative_to(workdir).as_posix())
+                break
     return {
         "entrypoint": ENTRYPOINT,
         "runtime_env": {
             "working_dir": str(run_dir),
-            "py_modules": [str(Path(launcher.__file__).resolve().parent)],
-            "excludes": list(EXCLUDES),
+            "py_modules": modules,
+            "excludes": excludes,
             "env_vars": dict(CPU_ENV) if cpu else {},
         },
         "metadata": {

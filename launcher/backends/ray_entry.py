@@ -33,6 +33,8 @@ import uuid
 from pathlib import Path
 
 import launcher
+from launcher import program
+from launcher.backends import rank_exit
 from launcher.backends.ray import REQUEST_FILE, train_settings
 from launcher.rundir import read_run_dir
 
@@ -153,34 +155,76 @@ def worker(config: dict) -> None:
             p for p in (str(Path(launcher.__file__).parent.parent), env.get("PYTHONPATH")) if p
         ),
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.backends.ray_entry", "--rank", str(run_dir)], env=env
-    )
+    argv, cwd = [sys.executable, "-m", "launcher.backends.ray_entry", "--rank", str(run_dir)], None
+    if config.get("program"):  # the user's program, from the shipped copy of where it was planned
+        cwd = shipped_dir(config["program_dir"])
+        env.update(program.env(run_dir))
+        argv = [sys.executable, "-m", "launcher.backends.ray_entry", "--exec", *config["program"]]
+    proc = subprocess.Popen(argv, env=env, cwd=cwd)
     saved = _CheckpointLog(run_dir, shared["log_offset"])
     while (code := proc.poll()) is None:
         for step in saved.new_steps():
             _report(run_dir, step, rank, saved.loss.get(step))
         time.sleep(POLL_S)
     if code != 0:
-        # 75: preempted after a checkpoint; failing the attempt lets FailureConfig resume it
-        raise RuntimeError(f"rank {rank}: the worker exited with code {code}")
+        # 75: preempted after a checkpoint; failing the attempt lets FailureConfig resume it (2, a
+        # start-up error: the restarted ranks exit 2 at once, rank_exit.py)
+        raise RuntimeError(f"rank {rank}: {'the program' if config.get('program') else 'the worker'} exited with code {code}")
     barrier()  # every rank has ended: the log is final, so every rank reports the same checkpoints
     for step in saved.new_steps():
         _report(run_dir, step, rank, saved.loss.get(step))
 
 
-def rank_main(run_dir: str) -> int:
-    """The child: die with the Ray worker that started it, then run the worker as torchrun would."""
+def _die_with_parent() -> bool:
+    """The child dies with the Ray worker that started it (False: that worker is already gone)."""
     parent = os.getppid()
     if sys.platform.startswith("linux"):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # the parent died before prctl
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG, kept across exec
+    return os.getppid() == parent
+
+
+def rank_main(run_dir: str) -> int:
+    """The child: die with the Ray worker that started it, then run the worker as torchrun would."""
+    if not _die_with_parent():
         return 1
+    from launcher.backends import rank_exit
     from launcher.train.loop import main as train_main
 
-    return train_main([run_dir])
+    if not rank_exit.start(run_dir):
+        return rank_exit.STARTUP
+    code = train_main([run_dir])
+    rank_exit.end(run_dir, code)
+    return code
+
+
+def exec_program(words: list[str]) -> int:
+    """The child for a user's program: `python WORDS` in place of this process (program.words: under
+    rank_exit), dying with its Ray worker."""
+    if not _die_with_parent():
+        return 1
+    os.execv(sys.executable, [sys.executable, *words])
+
+
+def shipped_dir(name: str) -> str:
+    """Where Ray unpacked the py_modules directory called `name` on this node (on the path Ray sets)."""
+    for entry in sys.path + os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and (Path(entry) / name).is_dir() and Path(entry).name.startswith("_ray_pkg_"):
+            return str(Path(entry) / name)
+    raise RuntimeError(f"the shipped directory {name!r} is not on this Ray worker's path ({sys.path})")
+
+
+def program_words(run, run_dir: Path) -> list[str]:
+    """The user's program's command for the cluster's run directory: placeholders expanded there, the
+    script relative to the shipped directory the ranks start in."""
+    from launcher.spec import TrainSpec
+
+    entry = run.program
+    if entry.script is not None:
+        entry = entry.model_copy(update={"script": os.path.relpath(entry.script, entry.workdir)})
+    ds = json.loads((run_dir / "ds_config.json").read_text())
+    return program.words(entry, program.values(run_dir, TrainSpec(**run.spec), ds, run.training))
 
 
 def main() -> int:
@@ -194,13 +238,18 @@ def main() -> int:
     run = read_run_dir(shipped)
     run_dir = Path(train["storage"]) / run.name
     stage(shipped, run_dir)
+    for code in rank_exit.CODES:  # what ranks of an earlier submission left (backends/rank_exit.py)
+        rank_exit.marker(run_dir, code).unlink(missing_ok=True)
+    config = {"run_dir": str(run_dir)}
+    if run.program is not None:
+        config.update(program=program_words(run, run_dir), program_dir=Path(run.program.workdir).name)
     name = f"{run.name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"  # unique per submission
     print(
         f"[ftlaunch] training {run_dir} under Ray Train ({train['num_workers']} workers, {name})", flush=True
     )
     trainer = TorchTrainer(
         worker,
-        train_loop_config={"run_dir": str(run_dir)},
+        train_loop_config=config,
         # the Ray workers' own process group only coordinates; the ranks make theirs (nccl on GPUs)
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(
@@ -233,4 +282,6 @@ if __name__ == "__main__":
         from launcher.train.loop import exit_process
 
         exit_process(ray_entry.rank_main(sys.argv[2]))
+    if sys.argv[1:2] == ["--exec"]:
+        sys.exit(ray_entry.exec_program(sys.argv[2:]))
     sys.exit(ray_entry.main())

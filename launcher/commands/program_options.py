@@ -26,10 +26,10 @@ def entry(args):
                 "(ftlaunch's worker runs under torchrun)"
             )
         return None
-    if args.backend == "ray":
+    if args.backend == "ray" and args.launcher != "torchrun":
         raise FtlaunchError(
-            "--script/--module run on the torchrun and Slurm backends; Ray jobs run ftlaunch's worker only so "
-            "far: use --backend torchrun or slurm, or submit your script with Ray's own `ray job submit`"
+            f"--launcher {args.launcher} with --backend ray: Ray Train starts the ranks of a Ray job; drop "
+            "--launcher, or use --backend torchrun or slurm"
         )
     worker_only = [f"--{k.replace('_', '-')}" for k in _WORKER_ONLY if getattr(args, k)]
     if worker_only:
@@ -39,6 +39,11 @@ def entry(args):
         )
     workdir = Path.cwd()
     program.check_target(args.script, args.module, workdir)
+    if args.backend == "ray" and args.script is not None and not Path(args.script).resolve().is_relative_to(workdir):
+        raise FtlaunchError(
+            f"--script {args.script} is outside {workdir}, the directory a Ray job ships to the cluster: plan "
+            "from a directory that holds the script"
+        )
     program.check_args(given or [])
     script = str(Path(args.script).resolve()) if args.script is not None else None
     return Program(
