@@ -336,3 +336,27 @@ def test_a_node_failure_is_named_in_the_status(job, node2, state, needle, tmp_pa
     assert main(["status", str(run_dir)]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith(f"r: {state}  job_id=7") and line.endswith(st["reason"])
+
+
+@pytest.mark.parametrize(
+    "has_run_dir, python, message",
+    [(False, "bash", "does not see"), (True, "/nope/python", "has no /nope/python"), (True, "bash", None)],
+)
+def test_each_node_checks_the_run_dir_and_the_interpreter_before_starting(has_run_dir, python, message, tmp_path):
+    from launcher.backends.slurm_script import NODE_SHIM
+
+    if has_run_dir:
+        (tmp_path / "plan.json").write_text("{}")
+    env = {**os.environ, "RUN_DIR": str(tmp_path if has_run_dir else tmp_path / "elsewhere"), "SLURM_NODEID": "0"}
+    proc = subprocess.run(["bash", "-c", NODE_SHIM, "node", python, "-c", "exit 0"], env=env, capture_output=True, text=True)
+    if message is None:
+        assert proc.returncode == 0, proc.stderr
+    else:
+        assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_python_names_the_interpreter_on_the_nodes(tmp_path, capsys):
+    argv = [*CASES["tiny-llama-2x2-cpu"], "--python", "python", "--setup", "source /shared/venv/bin/activate"]
+    run_dir, _ = dry_run(tmp_path, "py", argv, capsys)
+    script = (run_dir / "job.sbatch").read_text()
+    assert "ftlaunch-node \\\n  python -m torch.distributed.run" in script and sys.executable not in script

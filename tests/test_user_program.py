@@ -92,7 +92,7 @@ def test_the_written_command_runs_the_program_from_where_it_was_planned(tmp_path
         "args": ["{output_dir}", "{micro_batch}", "--lr={lr}"], "launcher": "torchrun",
     }
     launch = (run_dir / "launch.sh").read_text()
-    assert f"cd {SCRIPTS}\n" in launch and 'export FTLAUNCH_DS_CONFIG="$RUN_DIR"/ds_config.json' in launch
+    assert f"\ncd {SCRIPTS} || " in launch and 'export FTLAUNCH_DS_CONFIG="$RUN_DIR"/ds_config.json' in launch
     assert shlex.split(launch.splitlines()[-1])[-7:] == [
         "-m", "launcher.backends.rank_exit", "$RUN_DIR", str(SCRIPTS / "ddp.py"), "$RUN_DIR/output", "4", "--lr=0.001"
     ]
@@ -234,10 +234,11 @@ def test_slurm_accelerate_nodes_pass_their_own_rank_and_the_head_address(tmp_pat
     # what the shim makes of those words on node 1
     shim = ACCELERATE_NODE_SHIM.replace('exec "$@"', 'printf "%s\\n" "$@"')
     out = subprocess.run(
-        ["bash", "-c", shim, "node", "--machine_rank", "@FTLAUNCH_NODE@", "--rdzv_conf", "@FTLAUNCH_IS_HOST@", "a b"],
-        env={**os.environ, "SLURM_NODEID": "1"}, capture_output=True, text=True, check=True,
+        ["bash", "-c", shim, "node", "bash", "--machine_rank", "@FTLAUNCH_NODE@", "--rdzv_conf", "@FTLAUNCH_IS_HOST@", "a b"],
+        env={**os.environ, "SLURM_NODEID": "1", "RUN_DIR": str(tmp_path / "runs" / "sa")},
+        capture_output=True, text=True, check=True,
     ).stdout
-    assert out.splitlines() == ["--machine_rank", "1", "--rdzv_conf", "is_host=0", "a b"]
+    assert out.splitlines() == ["bash", "--machine_rank", "1", "--rdzv_conf", "is_host=0", "a b"]
 
 
 @pytest.mark.slow

@@ -35,10 +35,18 @@ _MANAGED_SHORT = ("-N", "-n", "-o", "-e", "-D")
 # bash -c program every node runs before exec'ing torchrun: the head (node 0) hosts the
 # rendezvous store. Set per node, as torchrun's own guess from hostnames misfires when nodes
 # share a hostname or an address (containers, test clusters).
-NODE_SHIM = 'export PET_RDZV_CONF="is_host=$((SLURM_NODEID == 0))"; exec "$@"'
+# Each node first checks what a copied environment gets wrong: the run directory and the interpreter
+# must be there (shared storage, the same path); else one line naming the node, exit 2.
+_NODE_CHECK = (
+    '[ -f "$RUN_DIR/plan.json" ] || { echo "[ftlaunch] $(hostname) does not see $RUN_DIR: the run directory must '
+    'be on storage every node mounts at the same path" >&2; exit 2; }; '
+    'command -v "$1" >/dev/null || { echo "[ftlaunch] $(hostname) has no $1: give --python the interpreter the '
+    'nodes have (python: the one --setup puts on PATH)" >&2; exit 2; }; '
+)
+NODE_SHIM = _NODE_CHECK + 'export PET_RDZV_CONF="is_host=$((SLURM_NODEID == 0))"; exec "$@"'
 # accelerate launch takes the node's rank and the host flag as options: the shim puts them in place
 # of their placeholder words (bash's ${@//...} replaces in every argument)
-ACCELERATE_NODE_SHIM = (
+ACCELERATE_NODE_SHIM = _NODE_CHECK + (
     'set -- "${@//@FTLAUNCH_NODE@/$SLURM_NODEID}"; '
     'set -- "${@//@FTLAUNCH_IS_HOST@/is_host=$((SLURM_NODEID == 0))}"; exec "$@"'
 )
@@ -87,6 +95,7 @@ class SlurmOptions(BaseModel):
     sbatch_lines: list[str] = []
     setup: list[str] = []
     container_image: str | None = None
+    python: str | None = None  # the interpreter on the nodes (default: the one that wrote the script)
     signal_lead: int = Field(180, ge=10, le=86400)
     max_requeues: int = Field(3, ge=0, le=1000)
 
@@ -94,6 +103,11 @@ class SlurmOptions(BaseModel):
     @classmethod
     def _job_name(cls, v):
         return None if v is None else _one_line(v, "--job-name")
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v):
+        return None if v is None else _one_line(v, "--python")
 
     @field_validator("partition", "account", "qos")
     @classmethod
@@ -210,7 +224,7 @@ def render(
         raise SlurmSpecError(
             f"{run_dir}: Slurm reads '%' in output paths as a pattern; use another --runs-dir"
         )
-    python = python or ("python" if opts.container_image else None)
+    python = python or opts.python or ("python" if opts.container_image else None)
     shim = NODE_SHIM
     if launcher == "accelerate":
         argv = accelerate_launch.command(

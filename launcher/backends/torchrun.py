@@ -87,10 +87,18 @@ def script(argv: list[str], env: dict[str, str], run_dir: Path, workdir: str | N
         _HERE,
         rank_exit.CLEAR_SHELL + "  # exit codes 75 / 2 of the last launch's ranks (backends/rank_exit.py)",
     ]
+    python = shell_word(argv[0], str(run_dir))
+    lines.append(
+        f'[ -x {python} ] || {{ echo "launch.sh: "{python}" is not on $(hostname): run this where ftlaunch wrote it, '
+        'or write the run again here (ftlaunch ... --name NAME --replan --dry-run)" >&2; exit 2; }'
+    )
     for k, v in env.items():
         lines.append(f"export {k}={shell_word(v, str(run_dir))}")
     if workdir:
-        lines.append(f"cd {shlex.quote(workdir)}")
+        w = shlex.quote(workdir)
+        lines.append(
+            f'cd {w} || {{ echo "launch.sh: your program starts in "{w}", which is not on $(hostname)" >&2; exit 2; }}'
+        )
     lines.append("exec " + " ".join(shell_word(a, str(run_dir)) for a in argv))
     return "\n".join(lines) + "\n"
 

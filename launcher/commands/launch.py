@@ -229,6 +229,13 @@ _SLURM_FLAGS = {
     "--sbatch-line": ("sbatch_lines", "OPT", "extra #SBATCH line, e.g. --mail-type=END (repeatable)", _MANY),
     "--setup": ("setup", "LINE", "shell line run before srun, e.g. 'module load cuda' (repeatable)", _MANY),
     "--container-image": ("container_image", "IMAGE", "run the ranks in this container image (pyxis)", {}),
+    "--python": (
+        "python",
+        "PATH",
+        "the Python on the nodes (default: the one running ftlaunch; `python`: the one --setup puts on PATH, "
+        "e.g. after --setup 'source /shared/venv/bin/activate')",
+        {},
+    ),
     "--signal-lead": ("signal_lead", "S", "seconds before the time limit to checkpoint (default 180)", _POS),
     "--max-requeues": ("max_requeues", "N", "most times the job requeues itself (default 3)", _NONNEG),
 }

@@ -3,6 +3,7 @@
 set -euo pipefail
 RUN_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 rm -f "$RUN_DIR"/logs/.rank_exit-*  # exit codes 75 / 2 of the last launch's ranks (backends/rank_exit.py)
+[ -x <PYTHON> ] || { echo "launch.sh: "<PYTHON>" is not on $(hostname): run this where ftlaunch wrote it, or write the run again here (ftlaunch ... --name NAME --replan --dry-run)" >&2; exit 2; }
 export DS_ACCELERATOR=cpu
 export OMP_NUM_THREADS=1
 export FTLAUNCH_RUN_DIR="$RUN_DIR"
