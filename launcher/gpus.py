@@ -92,8 +92,8 @@ _AMBIGUOUS = {
     "a6000": ("RTX-A6000", "A6000 taken as RTX-A6000 (Ampere, 48 GB), not the RTX 6000 Ada"),
     "mi300": ("MI300X", "MI300 taken as MI300X (192 GB), not the MI300A"),
 }
-# Canonical name -> (node class, see launcher/hardware.py's _NODE_CLASS; other spellings, as _key
-# normalises them).
+# Canonical name -> (node class, see launcher/hardware.py's _NODE_CLASS, or "pro-card": a workstation
+# for 1-2 cards, a PCIe server beyond; other spellings, as _key normalises them).
 _EXTRA = {
     "A100-40GB": ("hgx-a100", ""),
     "A100-80GB": ("hgx-a100", ""),
@@ -111,7 +111,7 @@ _EXTRA = {
     "L40S": ("pcie-server", "l40s48g"),
     "RTX3090": ("workstation", "3090 rtx309024g"),
     "RTX4090": ("workstation", "4090 rtx409024g"),
-    "RTX-A6000": ("pcie-server", "rtxa600048g a600048g"),
+    "RTX-A6000": ("pro-card", "rtxa600048g a600048g"),  # workstation (1-2 cards) or PCIe server
     "MI300X": ("oam-mi300x", "mi300x192g"),
 }
 _NOISE = ("nvidia", "geforce", "tesla", "quadro", "instinct", "amd")

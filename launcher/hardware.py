@@ -96,8 +96,14 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _node_class(gpu: GpuType) -> str:
-    if cls := node_class(gpu.name):
+def _node_class(gpu: GpuType, gpus_per_node: int) -> str:
+    cls = node_class(gpu.name)
+    if cls == "pro-card":
+        # a professional card (RTX A6000) sits in workstations by ones and twos, in PCIe servers by
+        # eights: one is not a slice of such a server (its share, 96 GiB, sent a 48 GB workstation's
+        # full fine-tune of an 8B to NVMe)
+        return "workstation" if gpus_per_node <= 2 else "pcie-server"
+    if cls:
         return cls
     if gpu.default_gpus_per_node >= 8:
         return "pcie-server" if gpu.intra_node_link == "pcie" else "hgx-a100"
@@ -108,7 +114,7 @@ def default_node(gpu: GpuType, gpus_per_node: int) -> NodeSpec:
     """The documented default node for `gpus_per_node` GPUs of this type (see _NODE_CLASS)."""
     if not _whole(gpus_per_node) or gpus_per_node < 1:
         raise InvalidSpecError(f"GPUs per node must be a whole number of at least 1, got {gpus_per_node!r}")
-    cls = _node_class(gpu)
+    cls = _node_class(gpu, gpus_per_node)
     per_gpu = _NODE_CLASS[cls]
     floors = _FLOORS if cls == "workstation" else (0, 0, 0, 3.125, 1)
     ram, nvme, nvme_bw, net, cores = (max(f, v * gpus_per_node) for v, f in zip(per_gpu, floors, strict=True))
@@ -247,6 +253,11 @@ def parse_gpus(
             )
 
     node = default_node(gpu, per_node)
+    if cpu_mem is None and _node_class(gpu, per_node) == "workstation":
+        notes.append(
+            f"host RAM taken as {node.cpu_memory_gib:g} GiB per node, a workstation's ({per_node} x {gpu.name}); "
+            "--cpu-memory sets what yours has"
+        )
     given = {"cpu_memory_gib": cpu_mem, "nvme_gib": nvme, "inter_node_bandwidth_gbs": net}
     node = replace(node, **{k: v for k, v in given.items() if v is not None})
     if gpu_mem is not None:

@@ -124,7 +124,15 @@ def test_ambiguous_names_resolve_to_a_documented_default(name: str, canonical: s
 
 def test_unambiguous_names_have_no_note() -> None:
     for text in ("8xA100-80GB", "H200", "2x8xH100-80GB", "1xRTX4090", "4xL40S"):
-        assert parse_gpus(text).notes == ()
+        assert [n for n in parse_gpus(text).notes if not n.startswith("host RAM taken as")] == []
+
+
+def test_one_or_two_pro_cards_are_a_workstation_and_the_output_says_what_it_assumed() -> None:
+    one = parse_gpus("1xRTX-A6000")
+    assert one.node.cpu_memory_gib == 128 and any("a workstation's" in n and "--cpu-memory" in n for n in one.notes)
+    assert parse_gpus("8xRTX-A6000").node.cpu_memory_gib == 768  # a PCIe server's
+    assert parse_gpus("1xA10G").node.cpu_memory_gib == 96  # a cloud slice, as before
+    assert not any("host RAM taken" in n for n in parse_gpus("1xRTX-A6000", cpu_memory_gib=256).notes)
 
 
 def test_split_into_default_nodes_adds_a_note() -> None:
