@@ -317,3 +317,21 @@ def test_a_ray_job_ships_the_programs_directory_without_its_runs(tmp_path, monke
     env = json.loads((tmp_path / "runs" / "r" / "ray_job.json").read_text())["runtime_env"]
     assert env["py_modules"][-1] == str(tmp_path) and "/runs" in env["excludes"]
     assert env["working_dir"] == str(tmp_path / "runs" / "r")
+
+
+def test_rank_exit_ends_a_program_as_the_interpreter_would_without_its_teardown(tmp_path):
+    """atexit handlers run and files left open are flushed; an uncaught exception is its traceback and 1."""
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import atexit, sys\n"
+        f"log = open({str(tmp_path / 'left-open')!r}, 'w')\n"
+        "log.write('unflushed')\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'atexit')!r}, 'w').write('ran'))\n"
+        "if sys.argv[1] == 'raise':\n"
+        "    raise ValueError('boom')\n"
+    )
+    done = _rank_exit(tmp_path, str(script), "ok", count=tmp_path / "count")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "left-open").read_text() == "unflushed" and (tmp_path / "atexit").read_text() == "ran"
+    failed = _rank_exit(tmp_path, str(script), "raise", count=tmp_path / "count")
+    assert failed.returncode == 1 and "ValueError: boom" in failed.stderr and "Traceback" in failed.stderr

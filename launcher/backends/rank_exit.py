@@ -13,11 +13,14 @@ job.sbatch clear the markers when the job starts, the supervisor and job.sbatch 
 ends. ftlaunch's worker calls `start` / `end` itself; a user's program runs under
 `python -m launcher.backends.rank_exit RUN_DIR SCRIPT ARGS...` (or `RUN_DIR -m MODULE ARGS...`),
 which runs it as `python SCRIPT ARGS` would (runpy: __main__, sys.argv, the script's directory first
-on sys.path) and records how it exited.
+on sys.path), records how it exited and ends the process without the interpreter's teardown (finish).
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
+import io
 import os
 import runpy
 import sys
@@ -66,9 +69,11 @@ def _code(exc: SystemExit) -> int:
 
 
 def run(run_dir: str, program: list[str]) -> int:
-    """Run SCRIPT ARGS or -m MODULE ARGS in this process as python would; its exit code."""
+    """Run SCRIPT ARGS or -m MODULE ARGS in this process as python would; its exit code (an uncaught
+    exception: its traceback, then 1)."""
     if not start(run_dir):
         return STARTUP
+    code = 0
     try:
         if program[0] == "-m":
             sys.argv = [program[1], *program[2:]]
@@ -78,13 +83,37 @@ def run(run_dir: str, program: list[str]) -> int:
             sys.path[0] = os.path.dirname(os.path.abspath(program[0]))
             runpy.run_path(program[0], run_name="__main__")
     except SystemExit as exc:
-        end(run_dir, _code(exc))
-        raise
-    return 0
+        code = _code(exc)
+        if exc.code is not None and not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as the interpreter would: the traceback, exit 1
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    end(run_dir, code)
+    return code
+
+
+def finish(code: int) -> None:
+    """End the process once the program has ended: its atexit handlers run and the files it left open
+    are flushed, as the interpreter's teardown would, but the teardown itself is skipped. A rank whose
+    training had finished has been seen to abort there ("terminate called without an active exception":
+    a C++ thread of torch / DeepSpeed destroyed unjoined, exit -6; a TRL SFTTrainer rank in CI), which
+    torchrun reports as a failed job and restarts."""
+    atexit._run_exitfuncs()
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a stream already broken stays so
+                pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[2] == "-m" and len(sys.argv) < 4:
         sys.stderr.write("usage: python -m launcher.backends.rank_exit RUN_DIR (SCRIPT | -m MODULE) [ARGS...]\n")
         sys.exit(2)
-    sys.exit(run(sys.argv[1], sys.argv[2:]))
+    finish(run(sys.argv[1], sys.argv[2:]))
