@@ -192,10 +192,9 @@ def rank_main(run_dir: str) -> int:
     from launcher.backends import rank_exit
     from launcher.train.loop import main as train_main
 
-    if not rank_exit.start(run_dir):
-        return rank_exit.STARTUP
     code = train_main([run_dir])
-    rank_exit.end(run_dir, code)
+    if code == rank_exit.PREEMPTED:  # not 2: the worker also exits 2 when a peer died, which a restart retries
+        rank_exit.end(run_dir, code)
     return code
 
 
