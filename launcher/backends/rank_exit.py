@@ -10,7 +10,8 @@ ranks ended with):
 
 A rank ending with one of these codes leaves a marker, RUN_DIR/logs/.rank_exit-CODE. launch.sh and
 job.sbatch clear the markers when the job starts, the supervisor and job.sbatch read them when it
-ends. ftlaunch's worker calls `start` / `end` itself; a user's program runs under
+ends. ftlaunch's worker leaves only the 75 marker itself (it also exits 2 when a peer rank died
+mid-run, which a restart must retry); a user's program runs under
 `python -m launcher.backends.rank_exit RUN_DIR SCRIPT ARGS...` (or `RUN_DIR -m MODULE ARGS...`),
 which runs it as `python SCRIPT ARGS` would (runpy: __main__, sys.argv, the script's directory first
 on sys.path), records how it exited and ends the process without the interpreter's teardown (finish).
