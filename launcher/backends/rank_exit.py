@@ -37,6 +37,12 @@ def marker(run_dir: str | Path, code: int) -> Path:
     return Path(run_dir) / "logs" / f".rank_exit-{code}"
 
 
+def clear(run_dir: str | Path) -> None:
+    """Forget what ranks of an earlier launch left (the shell form: CLEAR_SHELL)."""
+    for code in CODES:
+        marker(run_dir, code).unlink(missing_ok=True)
+
+
 def ended(run_dir: str | Path) -> int | None:
     """The code a rank of this launch left a marker for (a start-up error first), or None."""
     return next((code for code in CODES if marker(run_dir, code).exists()), None)

@@ -237,8 +237,7 @@ def main() -> int:
     run = read_run_dir(shipped)
     run_dir = Path(train["storage"]) / run.name
     stage(shipped, run_dir)
-    for code in rank_exit.CODES:  # what ranks of an earlier submission left (backends/rank_exit.py)
-        rank_exit.marker(run_dir, code).unlink(missing_ok=True)
+    rank_exit.clear(run_dir)  # what ranks of an earlier submission left
     config = {"run_dir": str(run_dir)}
     if run.program is not None:
         config.update(program=program_words(run, run_dir), program_dir=Path(run.program.workdir).name)
