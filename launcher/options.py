@@ -134,6 +134,13 @@ def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
     )
     b.add_argument("--grad-ckpt", choices=S.GRAD_CKPT, help="activation checkpointing (default none)")
     b.add_argument("--attention", choices=S.ATTENTION, default="sdpa", help="attention kernel (default sdpa)")
+    b.add_argument(
+        "--loss",
+        choices=S.LOSSES,
+        help="cross-entropy over the whole micro-batch's logits (full), or 1024 tokens at a time with the LM "
+        "head recomputed in backward (chunked: the logits working set of one chunk, for one more head "
+        "forward). Default: " + ("the planner's choice" if search else "full"),
+    )
     s = p.add_argument_group("sharding")
     s.add_argument(
         "--zero-stage", type=non_negative_int, metavar="{0,1,2,3}", help="DeepSpeed ZeRO stage (default 0)"
@@ -175,6 +182,7 @@ def train_spec(args: argparse.Namespace, dp_of: callable | None = None) -> S.Tra
         "micro_batch",
         "grad_accum",
         "grad_ckpt",
+        "loss",
         "zero_stage",
         "offload_optimizer",
         "offload_params",

@@ -78,7 +78,13 @@ def spec_line(spec, dp: int) -> str:
         f"{m} | {spec.precision} | {spec.optimizer} | ZeRO-{spec.zero_stage}{off} | "
         f"tp {spec.tp} pp {spec.pp} dp {dp} | micro-batch {spec.micro_batch} x seq {spec.seq_len} "
         f"x accum {spec.grad_accum} | ckpt {spec.grad_ckpt} | attention {spec.attention}"
+        + (" | chunked loss" if spec.loss == "chunked" else "")
     )
+
+
+def ckpt_label(spec) -> str:
+    """Recompute and the chunked loss (the other thing recomputed in backward): 'full +chunk'."""
+    return spec.grad_ckpt + (" +chunk" if spec.loss == "chunked" else "")
 
 
 def print_estimate(arch, spec, cluster, est) -> None:

@@ -19,6 +19,7 @@ GRAD_CKPT = ("none", "selective", "full")
 ATTENTION = ("eager", "sdpa", "flash")
 OFFLOAD = ("none", "cpu", "nvme")
 QUANT = ("nf4", "int8")
+LOSSES = ("full", "chunked")
 
 DEFAULT_LORA_TARGETS = "all-linear"
 
@@ -39,6 +40,7 @@ class TrainSpec:
     grad_accum: int = 1
     grad_ckpt: str = "none"
     attention: str = "sdpa"
+    loss: str = "full"  # chunked: cross-entropy a chunk of tokens at a time (memory.constants.LOSS_CHUNK_TOKENS)
     zero_stage: int = 0
     offload_optimizer: str = "none"
     offload_params: str = "none"
@@ -54,6 +56,7 @@ class TrainSpec:
         _choice("--offload-optimizer", self.offload_optimizer, OFFLOAD)
         _choice("--offload-params", self.offload_params, OFFLOAD)
         _choice("--quant", self.quant, QUANT)
+        _choice("--loss", self.loss, LOSSES)
         for flag, value, hi in (
             ("--lora-r", self.lora_r, 65536),
             ("--lora-alpha", self.lora_alpha, 1 << 20),
@@ -90,6 +93,11 @@ class TrainSpec:
             raise InvalidSpecError(
                 f"--pp {self.pp} with --zero-stage {self.zero_stage}: DeepSpeed pipeline parallelism "
                 "works with ZeRO-0/1 only; use --zero-stage 1 or --pp 1"
+            )
+        if self.loss == "chunked" and self.pp > 1:
+            raise InvalidSpecError(
+                f"--loss chunked with --pp {self.pp}: the chunked loss runs on the data-parallel engine, and "
+                "DeepSpeed's pipeline engine hands the whole logits to its loss; use --pp 1 or --loss full"
             )
         targets = [t for t in self.lora_targets.split(",") if t.strip()]
         if not targets:

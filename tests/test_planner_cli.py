@@ -144,6 +144,23 @@ def test_pinned_flags_pin_the_search(capsys):
     assert data["request"]["pinned"] == {"zero_stage": 1, "tp": 2}
 
 
+def test_the_chunked_loss_is_chosen_where_it_lets_a_faster_plan_fit_and_says_so(capsys):
+    """Llama-3.1-8B LoRA on one RTX 4090 at 4096 tokens: the whole loss's 5.9 GiB working set
+    leaves only parameter offload; chunked, ZeRO-0 fits, and the plan says why."""
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpus", "1xRTX4090", "--method", "lora", "--seq-len", "4096"]
+    code, data, _ = run_json(argv, capsys)
+    best = data["plans"][0]
+    assert code == 0 and best["spec"]["loss"] == "chunked" and best["spec"]["offload_params"] == "none"
+    assert data["why"][0].startswith("chunked loss (1024 tokens at a time)") and "with the whole loss" in data["why"][0]
+    code, whole, _ = run_json([*argv, "--loss", "full"], capsys)
+    assert code == 0 and whole["plans"][0]["spec"]["offload_params"] == "cpu"
+    assert whole["plans"][0]["perf"]["tokens_per_s"] < best["perf"]["tokens_per_s"]
+    assert whole["request"]["pinned"] == {"loss": "full"}
+    # at 2048 tokens micro-batch 1 fits with the whole loss, and chunking would only add a head forward
+    code, short, _ = run_json([*argv[:-2], "--seq-len", "2048"], capsys)
+    assert code == 0 and short["plans"][0]["spec"]["loss"] == "full"
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
@@ -162,6 +179,8 @@ def test_pinned_flags_pin_the_search(capsys):
         (["--price", "H100"], "GPU=USD"),
         (["--tokens", "lots"], "token count"),
         (["--micro-batch", "0"], "positive"),
+        (["--pp", "2", "--loss", "chunked"], "--loss chunked with --pp 2"),
+        (["--loss", "sliced"], "--loss"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(extra, says, capsys):

@@ -16,6 +16,7 @@ from launcher.memory.constants import GIB
 from launcher.memory.estimate import estimate
 from launcher.models.catalog import resolve_model
 from launcher.planner import space
+from launcher.planner.perf import performance
 from launcher.planner.plans import Request
 from launcher.planner.search import plan, rank_key
 from launcher.spec import TrainSpec
@@ -86,7 +87,22 @@ def _exhaustive(request: Request) -> set[TrainSpec]:
                 and est.nvme_per_node <= node.nvme_gib * GIB
             ):
                 out.add(spec)
-    return out
+    # a chunked loss whose whole-loss twin fits is not a plan (the twin is the same plan, faster)
+    return {spec for spec in out if spec.loss == "full" or spec.with_(loss="full") not in out}
+
+
+def test_a_chunked_loss_is_slower_than_its_whole_twin():
+    """Why the search drops a chunked candidate whose whole-loss twin fits: the same step with one
+    more head forward, and never less memory in the other terms."""
+    request = Request(resolve_model("llama-3.1-8b"), parse_gpus("8xA100"), TrainSpec(method="lora"))
+    for micro in (1, 2, 4):
+        spec = TrainSpec(method="lora", micro_batch=micro, grad_ckpt="full", zero_stage=2, loss="chunked")
+        whole = spec.with_(loss="full")
+        chunked_perf, whole_perf = (performance(request.arch, s, request.cluster, 8) for s in (spec, whole))
+        assert chunked_perf.tokens_per_s < whole_perf.tokens_per_s
+        assert chunked_perf.breakdown["recompute"] > whole_perf.breakdown["recompute"]
+        chunked_est, whole_est = (estimate(request.arch, s, request.cluster) for s in (spec, whole))
+        assert chunked_est.components["logits_loss"] < whole_est.components["logits_loss"] / 1.5
 
 
 @pytest.mark.parametrize(

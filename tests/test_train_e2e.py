@@ -180,3 +180,20 @@ def test_qlora_under_zero3_quantises_a_pretrained_checkpoint_while_loading(tmp_p
     assert (run_dir / "output" / "final" / "adapter_model.safetensors").is_file()
     final = json.loads((run_dir / "output" / "final.json").read_text())
     assert reload_loss(run_dir, spec, source=str(ckpt)) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
+
+
+def test_chunked_loss_trains_the_curve_of_the_whole_loss(tmp_path):
+    """--loss chunked under ZeRO-3 (the head's weight gathered for every chunk and its recompute,
+    its gradient summed over the chunks before ZeRO reduces it): 4 x 512 tokens per micro-batch
+    are two chunks, and the loss curve is the whole loss's (fp32, so only summation order differs)."""
+    curves = {}
+    for loss in ("full", "chunked"):
+        spec = TrainSpec(zero_stage=3, precision="fp32", micro_batch=4, seq_len=512, loss=loss)
+        run_dir, argv = make_run(tmp_path / loss, loss, spec, max_steps=4, save_every=4, lr=1e-3)
+        proc = run_torchrun(argv)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        curves[loss] = [r["loss"] for r in metrics(run_dir)]
+        chunked = [e for e in events(run_dir) if e["event"] == "chunked_loss"]
+        assert chunked == ([{"event": "chunked_loss", "chunk_tokens": 1024, "chunks": 2}] if loss == "chunked" else [])
+    assert len(curves["chunked"]) == 4 and curves["chunked"][-1] < curves["chunked"][0], curves
+    assert curves["chunked"] == pytest.approx(curves["full"], rel=1e-5), curves

@@ -331,6 +331,8 @@ def run(args: argparse.Namespace) -> int:
     program_entry = program_options.entry(args)
     if program_entry is not None and args.pp is None and program_options.data_parallel_only(program_entry):
         args.pp = 1  # searched without pipelines: their engine is not one the Trainer / accelerate drive
+    if program_entry is not None and args.loss is None:
+        args.loss = "full"  # a program computes its own loss: the whole one, unless --loss chunked says otherwise
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)

@@ -227,7 +227,7 @@ def _offload(spec) -> str:
 
 
 def _plans_table(plans):
-    from launcher.render import gib, secs, table
+    from launcher.render import ckpt_label, gib, secs, table
 
     cols = ("#", "ZeRO", "offload", "TPxPPxDP", "micro x accum", "ckpt", "GPU GiB", "host GiB", "NVMe GiB")
     rows = [
@@ -237,7 +237,7 @@ def _plans_table(plans):
             _offload(p.spec),
             f"{p.spec.tp}x{p.spec.pp}x{p.dp}",
             f"{p.spec.micro_batch} x {p.spec.grad_accum}",
-            p.spec.grad_ckpt,
+            ckpt_label(p.spec),
             gib(p.estimate.gpu_total),
             gib(p.estimate.host_per_node),
             gib(p.estimate.nvme_per_node) if p.estimate.nvme_per_node else "-",
@@ -308,7 +308,7 @@ def _print_result(result, elapsed, top, scale_out, alternatives, cost, ablation)
         out.print("pinned: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in req.pins))
     out.print(
         f"searched {result.candidates:,} candidate plans in {elapsed * 1000:.0f} ms ({result.evaluated:,} memory "
-        f"estimates, {result.pruned:,} candidates pruned as provably over budget)"
+        f"estimates, {result.pruned:,} candidates pruned as provably over budget or slower)"
     )
     out.print(
         f"{len(result.ranked):,} fit in {gib(req.budget)} GiB per GPU ({c.gpu_memory_gib:g} GiB less the "
@@ -360,7 +360,7 @@ def _print_ablation(out, rows) -> None:
 
 
 def _print_selection(arch, base, sel, tokens) -> None:
-    from launcher.render import bullets, console, gib, model_line, table
+    from launcher.render import bullets, ckpt_label, console, gib, model_line, table
 
     out = console()
     out.print(f"[bold]{model_line(arch)}[/]")
@@ -376,7 +376,7 @@ def _print_selection(arch, base, sel, tokens) -> None:
         sharding = f"ZeRO-{s.zero_stage} {_offload(s)}".replace(" -", "")
         row = [
             ch.shape + ("" if ch.smallest else " (cheaper)"),
-            f"{sharding} | {s.tp}x{s.pp}x{p.dp} | {s.micro_batch} x {s.grad_accum} | {s.grad_ckpt}",
+            f"{sharding} | {s.tp}x{s.pp}x{p.dp} | {s.micro_batch} x {s.grad_accum} | {ckpt_label(s)}",
             gib(p.estimate.gpu_total),
             f"{p.perf.tokens_per_s:,.0f}",
             f"{ch.price_per_gpu_hour:.2f}",

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.memory.constants import LOSS_CHUNK_TOKENS
 from launcher.memory.memo import ArchMemo
 from launcher.memory.states import bare_parameter, fused_experts, lora_targets
 from launcher.models.arch import ModelArch
@@ -389,9 +390,17 @@ def edge_activations(arch: ModelArch, spec: TrainSpec, first: bool, last: bool) 
             out += T * arch.hidden
     if last:
         out += norm_bytes(arch, T, e, spec.method == "full")
-        if spec.method == "full":
-            out += T * arch.hidden * e  # lm_head input, kept for its weight gradient
+        if spec.method == "full" or chunked_loss(spec):
+            # lm_head input, kept for its weight gradient, or by the chunked loss for its recompute
+            out += T * arch.hidden * e
+        if chunked_loss(spec):
+            out += 8 * T  # the shifted labels (int64), kept for the recompute
     return out
+
+
+def chunked_loss(spec: TrainSpec) -> bool:
+    """Whether the loss runs in more than one chunk (--loss chunked over more tokens than a chunk)."""
+    return spec.loss == "chunked" and spec.micro_batch * spec.seq_len > LOSS_CHUNK_TOKENS
 
 
 def logits_bytes(arch: ModelArch, spec: TrainSpec) -> float:
@@ -402,5 +411,19 @@ def logits_bytes(arch: ModelArch, spec: TrainSpec) -> float:
     its fp32 output; in backward the log-softmax output, its incoming gradient and its outgoing
     gradient (fp32 each) are alive together: 12 bytes per logit element, in 16-bit and fp32 alike.
     The lm_head is not split by AutoTP, so tp does not divide it.
+
+    --loss chunked (launcher/train/chunked_loss.py) recomputes the logits one chunk of
+    LOSS_CHUNK_TOKENS rows at a time in backward: the same 12 bytes per logit of one chunk, plus
+    what chunking adds -- the gradient of the head's input, one slice per chunk summed into a
+    full-size buffer (2 x tokens x hidden), and for a trained head its weight gradient of the
+    chunk before it is added to the others' (vocab x hidden; the summed one is in the gradients
+    term). A micro-batch of one chunk or less runs the whole loss, unchanged. Measured on the CPU in tests/test_chunked_loss.py.
     """
-    return 12.0 * spec.micro_batch * spec.seq_len * arch.vocab
+    T = spec.micro_batch * spec.seq_len
+    if not chunked_loss(spec):
+        return 12.0 * T * arch.vocab
+    e = 4 if spec.precision == "fp32" else 2
+    out = 12.0 * LOSS_CHUNK_TOKENS * arch.vocab + 2.0 * T * arch.hidden * e
+    if spec.method == "full":
+        out += arch.vocab * arch.hidden * e
+    return out

@@ -21,6 +21,11 @@ Where each comes from:
 
 GIB = 1024**3
 
+# --loss chunked (launcher/train/chunked_loss.py): tokens per chunk of the LM head + cross-entropy.
+# 1024 rows keep the head's GEMM large (1024 x hidden x vocab) while a 128k vocabulary's working
+# set drops from 12 B x tokens x vocab (5.9 GiB at 2 x 2048 tokens) to one chunk's (1.5 GiB).
+LOSS_CHUNK_TOKENS = 1024
+
 # Bytes per element of the storage dtypes.
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 

@@ -5,8 +5,8 @@ Everything here is computed from the estimates' breakdowns; nothing is a canned 
 
 from __future__ import annotations
 
-from launcher.memory.constants import GIB
-from launcher.memory.estimate import Estimate
+from launcher.memory.constants import GIB, LOSS_CHUNK_TOKENS
+from launcher.memory.estimate import Estimate, estimate
 from launcher.planner.plans import Plan, Rejection, Request
 from launcher.render import LABELS
 from launcher.spec import TrainSpec
@@ -24,9 +24,10 @@ def size(x: float) -> str:
 
 
 def candidate(spec: TrainSpec, dp: int) -> str:
-    """'TP 8 x PP 1 x DP 8, micro-batch 1, recompute full'."""
+    """'TP 8 x PP 1 x DP 8, micro-batch 1, recompute full' (', chunked loss' where it is)."""
     return (
         f"TP {spec.tp} x PP {spec.pp} x DP {dp}, micro-batch {spec.micro_batch}, recompute {spec.grad_ckpt}"
+        + (", chunked loss" if spec.loss == "chunked" else "")
     )
 
 
@@ -90,12 +91,33 @@ def _slower_because(winner: Plan, other: Plan) -> str:
     return reason
 
 
+def chunked_loss(plan: Plan) -> str | None:
+    """Why a plan computes the loss in chunks: what it saves, what fits because of it, its cost."""
+    if plan.spec.loss != "chunked":
+        return None
+    whole = estimate(plan.arch, plan.spec.with_(loss="full"), plan.cluster)
+    saved = whole.components["logits_loss"] - plan.estimate.components["logits_loss"]
+    if whole.gpu_total > plan.budget:
+        fits = f"with the whole loss this plan needs {size(whole.gpu_total)} per GPU > {size(plan.budget)} budget"
+    else:
+        fits = "the whole loss would fit too, but no faster plan does"
+    return (
+        f"chunked loss ({LOSS_CHUNK_TOKENS} tokens at a time): the logits + loss working set is "
+        f"{size(plan.estimate.components['logits_loss'])} instead of {size(whole.components['logits_loss'])} "
+        f"({size(saved)} less); {fits}; it costs one more LM-head forward in backward"
+    )
+
+
 def why(ranked: tuple[Plan, ...], limit: int = 4) -> list[str]:
-    """Why the best plan beats the runner-up and the best plan of each other family."""
-    if len(ranked) < 2:
+    """Why the best plan beats the runner-up and the best plan of each other family (and why it
+    chunks its loss, where it does)."""
+    if not ranked:
         return []
     best = ranked[0]
-    lines = [f"over the runner-up ({ranked[1].summary()}): {_slower_because(best, ranked[1])}"]
+    lines = [line for line in (chunked_loss(best),) if line]
+    if len(ranked) < 2:
+        return lines
+    lines.append(f"over the runner-up ({ranked[1].summary()}): {_slower_because(best, ranked[1])}")
     seen = {best.family}
     for plan in ranked[1:]:
         if plan.family in seen:
@@ -103,6 +125,6 @@ def why(ranked: tuple[Plan, ...], limit: int = 4) -> list[str]:
         seen.add(plan.family)
         if plan is not ranked[1]:
             lines.append(f"over the best {plan.family} ({plan.summary()}): {_slower_because(best, plan)}")
-        if len(lines) >= limit:
+        if len(lines) >= limit + (best.spec.loss == "chunked"):
             break
     return lines

@@ -11,7 +11,8 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              not split by tensor parallelism (AutoTP), the blocks are.
   recompute  full: one more forward of every block; selective: the matmuls the per-op policy
              does not keep (activations.selective_matmuls: every other bias-free linear), and
-             eager / math attention (only fused attention kernels' outputs are kept).
+             eager / math attention (only fused attention kernels' outputs are kept); the chunked
+             loss: one more forward of the LM head (2·V·h per token).
   dequant    QLoRA: every 4-bit weight dequantised per use (forward, backward, recompute) at HBM
              bandwidth.
   tp_comm    per layer and micro-batch, 2 all-reduces forward + 2 backward (+2 in a full
@@ -38,7 +39,7 @@ from dataclasses import dataclass
 from launcher.gpus import GpuType
 from launcher.hardware import ClusterSpec
 from launcher.memory import states as S
-from launcher.memory.activations import selective_matmuls, unfused_attention
+from launcher.memory.activations import chunked_loss, selective_matmuls, unfused_attention
 from launcher.memory.estimate import stage_split
 from launcher.models.arch import ModelArch
 from launcher.planner import constants as C
@@ -96,6 +97,7 @@ class TokenFlops:
     layer_train: float
     layer_recompute: float
     head_train: float
+    head_recompute: float = 0.0
 
 
 def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
@@ -122,7 +124,8 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
             recompute += attn
     else:
         recompute = 0.0
-    return TokenFlops(layer_train, recompute, head_train)
+    # the chunked loss runs the head's forward again in backward, a chunk at a time
+    return TokenFlops(layer_train, recompute, head_train, head if chunked_loss(spec) else 0.0)
 
 
 def dp_bandwidth(cluster: ClusterSpec, tp: int, dp: int) -> float:
@@ -168,7 +171,7 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
         p = max(sizes, key=lambda q: q.total)
     head = f.head_train if with_head else 0.0
     compute = tokens * (layers * f.layer_train / tp + head) / rate
-    recompute = tokens * layers * f.layer_recompute / tp / rate
+    recompute = tokens * (layers * f.layer_recompute / tp + (f.head_recompute if with_head else 0.0)) / rate
     window = compute + recompute  # one micro-batch's compute, what transfers can hide behind
 
     dequant = 0.0

@@ -29,6 +29,7 @@ SEARCHED = (
     "micro_batch",
     "grad_accum",
     "grad_ckpt",
+    "loss",
 )
 
 
@@ -121,7 +122,8 @@ class Plan:
         s = self.spec
         return (
             f"{self.family}, {self.layout}, micro-batch {s.micro_batch} x accum {s.grad_accum}, "
-            f"recompute {s.grad_ckpt}: {self.perf.tokens_per_s:,.0f} tokens/s"
+            f"recompute {s.grad_ckpt}{', chunked loss' if s.loss == 'chunked' else ''}: "
+            f"{self.perf.tokens_per_s:,.0f} tokens/s"
         )
 
     def to_dict(self) -> dict:
@@ -211,7 +213,8 @@ class PlanResult:
     rejected: tuple[Rejection, ...]
     candidates: int  # configurations in the search space
     evaluated: int  # memory estimates computed (lower-bound checks included)
-    pruned: int  # candidates never estimated: provably over budget (or, modes best/first, not needed)
+    pruned: int  # candidates never estimated: provably over budget or slower than a twin that fits
+    # (the chunked loss where the whole one fits), or (modes best/first) not needed
     global_batch: int | None
     notes: tuple[str, ...] = ()
     near_misses: tuple[tuple[TrainSpec, Estimate], ...] = field(default=(), compare=False, repr=False)

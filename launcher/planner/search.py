@@ -3,7 +3,7 @@
 A candidate is feasible when the memory model's GPU total is within the budget (GPU memory less
 the margin) and its host RAM and NVMe per node are within the node's. Feasible plans are ranked
 by estimated tokens/s; ties go to fewer moving parts (lower ZeRO stage, less offload, smaller TP,
-smaller PP, less recompute, smaller micro-batch), so the order is total and deterministic.
+smaller PP, less recompute, the whole loss, smaller micro-batch), so the order is total and deterministic.
 
 Pruning (only what provably cannot fit or cannot win, never what merely seems slow). Within a
 group (same sharding, TP, PP, recompute) candidates differ in micro-batch only:
@@ -20,6 +20,7 @@ Modes: "all" walks each group from the smallest micro-batch up and ranks every f
 the remaining candidates by their performance estimate and estimates memory in that order until
 one fits: everything after it ranks lower, so it is the best plan "all" would give (tested), for
 less work; "first" stops at any feasible plan (an existence check for advice and selection).
+A chunked-loss candidate whose whole-loss twin fits is dropped: the twin is the same plan, faster.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def order_key(spec: TrainSpec, perf: Perf) -> tuple:
         spec.tp,
         spec.pp,
         space.CKPT_RANK[spec.grad_ckpt],
+        space.LOSS_RANK[spec.loss],
         spec.micro_batch,
     )
 
@@ -142,11 +144,18 @@ def plan(request: Request, *, mode: str = "all") -> PlanResult:
     if mode == "best":
         return _best(s)
     plans: list[Plan] = []
+    whole_fits: set[TrainSpec] = set()
     for group in s.groups:
         for micro, accum, gb in group.batches:
             spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
+            if spec.loss == "chunked" and spec.with_(loss="full") in whole_fits:
+                # the same plan with the whole loss fits and is faster (no head recompute): pruned
+                # (its group comes right after that one: space.groups)
+                continue
             est, over_from = s.verdict(spec, accum)
             if est is not None:
+                if spec.loss == "full":
+                    whole_fits.add(spec)
                 perf = performance(arch, spec, cluster, group.dp)
                 plans.append(Plan(arch, cluster, spec, group.dp, gb, est, perf, budget))
                 if mode == "first":

@@ -12,6 +12,9 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 the families with a stage adapter (launcher/parallel/split.py; others: 1); pp > 1
                 runs on DeepSpeed's pipeline engine under ZeRO-1, stages placed pipe-major
   grad_ckpt     none, selective, full
+  loss          full, chunked (the LM head + cross-entropy LOSS_CHUNK_TOKENS at a time, recomputed in
+                backward: launcher/train/chunked_loss.py); chunked only at pp 1 and where a
+                micro-batch holds more than one chunk, since below that it is the same loss
   micro_batch   MICRO_BATCHES, with the accumulation that reaches the global batch exactly
                 (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate
 
@@ -28,11 +31,12 @@ from dataclasses import dataclass
 from launcher.errors import InvalidSpecError
 from launcher.memory import states as S
 from launcher.memory.activations import selective_is_full
+from launcher.memory.constants import LOSS_CHUNK_TOKENS
 from launcher.memory.estimate import check_parallelism
 from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
-from launcher.spec import GRAD_CKPT, TrainSpec, autotp_conflict
+from launcher.spec import GRAD_CKPT, LOSSES, TrainSpec, autotp_conflict
 
 # (zero_stage, offload_optimizer, offload_params), fewest moving parts first: the order breaks
 # ties between plans of equal speed.
@@ -54,6 +58,7 @@ SHARDINGS = (
 )
 SHARDING_RANK = {s: i for i, s in enumerate(SHARDINGS)}
 CKPT_RANK = {c: i for i, c in enumerate(GRAD_CKPT)}
+LOSS_RANK = {c: i for i, c in enumerate(LOSSES)}
 
 
 @dataclass(frozen=True)
@@ -192,19 +197,29 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
             if not batches:
                 continue
             for ckpt in ckpts:
-                try:
-                    spec = base.with_(
-                        zero_stage=stage,
-                        offload_optimizer=opt,
-                        offload_params=params,
-                        tp=tp,
-                        pp=pp,
-                        grad_ckpt=ckpt,
-                    )
-                except InvalidSpecError:
-                    continue  # e.g. an 8-bit optimizer cannot be offloaded
-                if autotp_conflict(spec) is None:
-                    yield Group(spec, dp, batches)
+                for loss in _losses(request, pp, batches):
+                    try:
+                        spec = base.with_(
+                            zero_stage=stage,
+                            offload_optimizer=opt,
+                            offload_params=params,
+                            tp=tp,
+                            pp=pp,
+                            grad_ckpt=ckpt,
+                            loss=loss,
+                        )
+                    except InvalidSpecError:
+                        continue  # e.g. an 8-bit optimizer cannot be offloaded
+                    if autotp_conflict(spec) is None:
+                        yield Group(spec, dp, batches)
+
+
+def _losses(request: Request, pp: int, batches) -> tuple[str, ...]:
+    if "loss" in request.pinned:
+        return (request.pinned["loss"],)
+    if pp > 1 or max(micro for micro, _, _ in batches) * request.base.seq_len <= LOSS_CHUNK_TOKENS:
+        return ("full",)
+    return LOSSES
 
 
 def unreachable_batch_error(request: Request) -> InvalidSpecError:

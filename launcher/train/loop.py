@@ -185,6 +185,11 @@ def train(run_dir: Path) -> int:
         from launcher.train.quantize import quantized_layers
 
         _log(run_dir, rank, {"event": "quantized", "format": spec.quant, "layers": quantized_layers(model)})
+    if spec.loss == "chunked":
+        from launcher.memory.constants import LOSS_CHUNK_TOKENS
+
+        chunks = -(-spec.micro_batch * spec.seq_len // LOSS_CHUNK_TOKENS)
+        _log(run_dir, rank, {"event": "chunked_loss", "chunk_tokens": LOSS_CHUNK_TOKENS, "chunks": chunks})
     params = [p for p in model.parameters() if p.requires_grad]
     warmup = cfg.warmup_steps
 

@@ -251,6 +251,10 @@ def build_model(
         quantize.keep_training_layout(model)
     torch.manual_seed(seed)  # what draws next (LoRA's init) draws the same in every layout
     model.config.use_cache = False
+    if spec.loss == "chunked":
+        from launcher.train import chunked_loss
+
+        chunked_loss.enable(model)
     if spec.grad_ckpt != "none":
         kwargs = {"use_reentrant": False}
         if spec.grad_ckpt == "selective":
