@@ -12,6 +12,7 @@ import pytest
 
 from launcher.cli import main
 from launcher.hardware import parse_gpus
+from launcher.memory.activations import logits_bytes
 from launcher.memory.constants import GIB
 from launcher.models.catalog import resolve_model
 from launcher.planner import advise
@@ -145,8 +146,14 @@ def test_ablation_memory_falls_where_it_must(model, gpus):
     for i in (1, 4, 5, 6, 7, 8, 9):
         assert gpu[i] <= gpu[i - 1], rows[i].label
     assert gpu[9] < 0.5 * gpu[0]
+    # the chunked loss (2 chunks, the head frozen) shrinks the loss's working set; where that is not
+    # the peak it adds only the head input it keeps for its recompute (one hidden state)
+    arch, qlora = resolve_model(model), TrainSpec(method="qlora")
+    assert logits_bytes(arch, qlora.with_(loss="chunked")) < 0.6 * logits_bytes(arch, qlora)
+    assert gpu[10] <= gpu[9] + 1.1 * (2048 * arch.hidden * 2 + 8 * 2048)  # (and its allocator margin)
     speed = [r.perf.tokens_per_s for r in rows]
     assert speed[1] < speed[0]  # recompute costs time
     assert speed[2] > speed[1]  # bf16 tensor cores
     assert speed[7] < speed[6]  # offload costs time
+    assert speed[10] < speed[9]  # so does the chunked loss's second head forward
     assert any(r.fits for r in rows)

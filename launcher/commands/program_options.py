@@ -66,6 +66,11 @@ def check_plan(entry, spec, cpu: bool) -> None:
         return
     if spec.pp > 1:
         raise FtlaunchError(program.NO_TRAINER_FORM)
+    if spec.loss == "chunked":
+        raise FtlaunchError(
+            "--loss chunked with {hf_args}: the Hugging Face Trainer computes the whole loss, so the plan would "
+            "count memory it does not save; drop --loss"
+        )
     if cpu and spec.precision in ("bf16", "fp16", "bf16-pure"):
         raise FtlaunchError(
             f"{{hf_args}} with --cpu: the Trainer runs DeepSpeed on a CPU only in fp32 (it refuses --{spec.precision.split('-')[0]} "

@@ -36,6 +36,8 @@ STEPS: tuple[tuple[str, dict], ...] = (
     ),
     ("+ LoRA (frozen base weights)", dict(method="lora")),
     ("+ QLoRA (4-bit base weights)", dict(method="qlora")),
+    # last: with the head frozen it always saves (a trained head adds its per-chunk weight gradient)
+    ("+ chunked loss (LM head + cross-entropy 1024 tokens at a time)", dict(loss="chunked")),
 )
 
 
