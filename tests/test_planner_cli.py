@@ -40,7 +40,7 @@ def test_json_shape(capsys):
         "suggestions",
         "why",
     }
-    assert data["fits"] is True and data["request"]["global_batch"] == 128
+    assert data["fits"] is True and data["request"]["global_batch"] == 16  # LoRA's default, one per GPU
     assert data["search"]["candidates"] >= len(data["plans"]) > 1
     speeds = [p["perf"]["tokens_per_s"] for p in data["plans"]]
     assert speeds == sorted(speeds, reverse=True)

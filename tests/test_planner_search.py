@@ -214,8 +214,25 @@ def test_adapters_are_never_planned_with_autotp(method):
 def test_default_global_batch_is_the_same_for_every_plan():
     request = Request(resolve_model("llama-3.1-8b"), parse_gpus("6xA100"))
     result = plan(request)
-    assert result.global_batch == 132  # 128 sequences of 2048 tokens, rounded up to a multiple of 6
-    assert {p.global_batch for p in result.ranked} == {132}
+    assert result.global_batch == 66  # 64 sequences (full fine-tuning), rounded up to a multiple of 6
+    assert {p.global_batch for p in result.ranked} == {66}
+
+
+@pytest.mark.parametrize(
+    ("method", "gpus", "seq", "want"),
+    [
+        ("lora", "1xRTX4090", 512, 16),  # a fine-tuning recipe's batch, whatever the sequence length
+        ("qlora", "1xA100", 8192, 16),
+        ("full", "8xA100", 256, 64),
+        ("lora", "2x8xH100", 2048, 16),
+        ("full", "8x8xA100", 2048, 64),
+        ("lora", "8x8xA100", 2048, 64),  # one sequence per GPU where the cluster is larger
+    ],
+)
+def test_the_default_global_batch_is_a_fine_tuning_recipes(method, gpus, seq, want):
+    """Not 2^18 tokens (a pre-training figure): with --seq-len 256 that asked 1024 sequences."""
+    request = Request(resolve_model("llama-3.1-8b"), parse_gpus(gpus), TrainSpec(method=method, seq_len=seq))
+    assert request.resolved_global_batch() == want
 
 
 def test_no_gpu_with_bf16_plans_fp16():

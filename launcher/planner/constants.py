@@ -14,12 +14,18 @@ from __future__ import annotations
 # NCCL's lazily grown buffers, a different torch / DeepSpeed version). `--margin` overrides it.
 DEFAULT_MARGIN = 0.05
 
-# Default tokens per optimizer step when --global-batch is not given: 2^18 = 262,144 tokens, what
-# common fine-tuning recipes use (64-128 sequences of 2-4k tokens, e.g. Llama-2-chat SFT: 64 x 4096).
-# In sequences: the smallest multiple of the GPU count that holds at least this many tokens, so
-# every data-parallel degree can reach it and every plan on one cluster trains the same batch
-# (their tokens/s are comparable); it is 128 sequences of 2048 tokens on up to 128 GPUs.
-DEFAULT_TOKENS_PER_STEP = 1 << 18
+# Default global batch when --global-batch is not given, in SEQUENCES (fine-tuning recipes state
+# it in sequences, whatever their length), by method:
+#   adapters (LoRA / QLoRA): 16. QLoRA's Guanaco runs used 16 (Dettmers et al. 2023, hyperparameter
+#     table); LitGPT's config_hub LoRA / QLoRA recipes 8-16; torchtune's single-device LoRA
+#     recipes 2 x 8-16 accumulation; axolotl's examples 2 x 4 per GPU.
+#   full fine-tuning: 64. Llama-2-chat's SFT: 64 x 4096 (Touvron et al. 2023, sec. 3.1); Stanford
+#     Alpaca and Vicuna: 128; torchtune's distributed full recipes: 2 per GPU.
+# Rounded up to a multiple of the GPU count, so every data-parallel degree can reach it and every
+# plan on one cluster trains the same batch (their tokens/s are comparable): one sequence per GPU
+# on clusters larger than the default. (Until 2026-12 the default was 2^18 tokens, a pre-training
+# figure: with a short --seq-len it asked for accumulation in the thousands.)
+DEFAULT_GLOBAL_BATCH = {"full": 64, "lora": 16, "qlora": 16}
 
 # Micro-batches searched (sequences per GPU per forward/backward).
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)

@@ -15,7 +15,7 @@ from launcher.hardware import ClusterSpec
 from launcher.memory.constants import GIB
 from launcher.memory.estimate import Estimate, pipeline_stages
 from launcher.models.arch import ModelArch
-from launcher.planner.constants import DEFAULT_MARGIN, DEFAULT_TOKENS_PER_STEP
+from launcher.planner.constants import DEFAULT_GLOBAL_BATCH, DEFAULT_MARGIN
 from launcher.planner.perf import Perf
 from launcher.spec import TrainSpec
 
@@ -80,16 +80,16 @@ class Request:
             return self.global_batch
         if "grad_accum" in self.pinned:
             return None
-        return default_global_batch(self.base.seq_len, self.cluster.world_size)
+        return default_global_batch(self.base.method, self.cluster.world_size)
 
     def with_(self, **changes) -> Request:
         return replace(self, **changes)
 
 
-def default_global_batch(seq_len: int, world: int) -> int:
-    """Smallest multiple of the GPU count holding at least DEFAULT_TOKENS_PER_STEP tokens."""
-    sequences = -(-DEFAULT_TOKENS_PER_STEP // seq_len)
-    return world * -(-sequences // world)
+def default_global_batch(method: str, world: int) -> int:
+    """The method's default global batch (DEFAULT_GLOBAL_BATCH sequences), rounded up to a multiple
+    of the GPU count."""
+    return world * -(-DEFAULT_GLOBAL_BATCH[method] // world)
 
 
 @dataclass(frozen=True)
