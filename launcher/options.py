@@ -106,7 +106,8 @@ def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
     g.add_argument(
         "--lora-targets",
         metavar="NAMES",
-        help="comma-separated module names to adapt, or all-linear (default all-linear)",
+        help="comma-separated block linears to adapt (q_proj,v_proj,...) or all-linear (default), plus "
+        "embed_tokens and/or lm_head for adapters on the embedding and the LM head (e.g. all-linear,lm_head)",
     )
     g.add_argument("--quant", choices=S.QUANT, help="QLoRA base-weight format (default nf4)")
     g.add_argument(

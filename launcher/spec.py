@@ -22,6 +22,9 @@ QUANT = ("nf4", "int8")
 LOSSES = ("full", "chunked")
 
 DEFAULT_LORA_TARGETS = "all-linear"
+# LoRA targets outside the blocks, by these names in every family (the worker finds the model's own
+# input embedding and LM head modules): PEFT's Embedding and Linear adapters.
+EDGE_TARGETS = ("embed_tokens", "lm_head")
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,12 @@ class TrainSpec:
                 "DeepSpeed's pipeline engine hands the whole logits to its loss; use --pp 1 or --loss full"
             )
         targets = [t for t in self.lora_targets.split(",") if t.strip()]
+        edges = [t for t in targets if t in EDGE_TARGETS]
+        if edges and self.pp > 1:
+            raise InvalidSpecError(
+                f"--lora-targets {','.join(edges)} with --pp {self.pp}: adapters on the embedding or LM head are "
+                "trained at pp 1 only; use --pp 1 or adapt the block linears"
+            )
         if not targets:
             raise InvalidSpecError(
                 "--lora-targets is empty; pass module names like q_proj,v_proj or all-linear"
@@ -118,6 +127,10 @@ class TrainSpec:
 
     def with_(self, **changes) -> TrainSpec:
         return replace(self, **changes)
+
+    def base_model(self, **changes) -> TrainSpec:
+        """The full-model configuration of the base an adapter is trained on (or merged into)."""
+        return replace(self, method="full", lora_targets=DEFAULT_LORA_TARGETS, **changes)
 
     def to_dict(self) -> dict:
         return asdict(self)

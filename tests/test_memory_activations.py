@@ -95,6 +95,35 @@ def test_peak_activations_and_logits_match(precision, ckpt, method):
     assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)
 
 
+@pytest.mark.parametrize("edges", ["lm_head", "embed_tokens", "embed_tokens,lm_head"])
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_adapters_on_the_embedding_and_the_head_save_what_the_model_says(edges, precision):
+    """PEFT's Embedding adapter keeps its A lookup (r per token); a head adapter its input and
+    lora_A's output: the saved bytes and the step's peak with them, as with the block adapters."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    cfg = transformers.LlamaConfig(**{k: v for k, v in CFG.items() if k != "model_type"})
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    spec = TrainSpec(method="lora", precision=precision, micro_batch=BATCH, seq_len=SEQ, lora_r=8,
+                     lora_targets=f"q_proj,v_proj,{edges}")
+    from launcher.train.model import peft_targets
+
+    lora = peft.LoraConfig(r=8, target_modules=peft_targets(model, spec), lora_dropout=0.0)
+    model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
+    ids = torch.randint(0, CFG["vocab_size"], (BATCH, SEQ))
+    with SavedBytes(model) as saved:
+        model(input_ids=ids)
+    # within 3 %: with frozen embeddings the first block's norm keeps no input, which the model counts
+    assert abs(analytic_activations(spec) / saved.total - 1) < 0.05, (analytic_activations(spec), saved.total)
+    with LiveBytes() as live:
+        model(input_ids=ids, labels=ids).loss.backward()
+    arch = arch_from_hf_config(CFG, "tiny-test")
+    adapter_grads = S.trainable_params(arch, spec) * dtype.itemsize
+    predicted = analytic_activations(spec) + A.logits_bytes(arch, spec) + adapter_grads
+    assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)  # as the peak test above
+
+
 def test_full_recompute_saves_far_less_than_none():
     _, none = build("bf16", "sdpa", "full", "none")
     _, full = build("bf16", "sdpa", "full", "full")

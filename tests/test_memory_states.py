@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from launcher.errors import InvalidSpecError
 from launcher.hardware import parse_gpus
 from launcher.memory import states as S
 from launcher.memory.constants import (
@@ -169,14 +170,20 @@ _TINY_MIXTRAL = {
 
 
 @pytest.mark.parametrize("hf", [_TINY_LLAMA, _TINY_MIXTRAL], ids=["llama", "mixtral-fused-experts"])
-def test_lora_trainable_count_is_what_peft_builds(hf):
+@pytest.mark.parametrize("targets", ["all-linear", "all-linear,embed_tokens,lm_head", "q_proj,lm_head", "embed_tokens"])
+def test_lora_trainable_count_is_what_peft_builds(hf, targets):
     """all-linear on transformers >= 5: PEFT wraps fused expert weights and the router by their
-    parameter (ParamWrapper, rank 2r for the fused gate+up); the count must be PEFT's own."""
+    parameter (ParamWrapper, rank 2r for the fused gate+up); the embedding and the head take PEFT's
+    Embedding and Linear adapters; the count must be PEFT's own."""
     pytest.importorskip("peft")
     from launcher.models.hf_config import arch_from_hf_config
     from launcher.train.model import build_model
 
-    spec = TrainSpec(method="lora", precision="fp32", lora_r=8)
+    spec = TrainSpec(method="lora", precision="fp32", lora_r=8, lora_targets=targets)
+    if hf is _TINY_MIXTRAL and targets.startswith("all-linear,"):
+        with pytest.raises(InvalidSpecError, match="name the block linears instead"):
+            S.trainable_params(arch_from_hf_config(hf, "tiny"), spec)
+        return
     model = build_model(hf, "", spec, init="random", seed=0, lora_dropout=0.0)
     built = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert S.trainable_params(arch_from_hf_config(hf, "tiny"), spec) == built

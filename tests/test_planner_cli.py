@@ -181,6 +181,8 @@ def test_the_chunked_loss_is_chosen_where_it_lets_a_faster_plan_fit_and_says_so(
         (["--micro-batch", "0"], "positive"),
         (["--pp", "2", "--loss", "chunked"], "--loss chunked with --pp 2"),
         (["--loss", "sliced"], "--loss"),
+        (["--method", "lora", "--lora-targets", "lm_head", "--pp", "2"], "trained at pp 1 only"),
+        (["--method", "lora", "--lora-targets", "embed"], "plus embed_tokens and lm_head"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(extra, says, capsys):

@@ -34,6 +34,11 @@ CASES = {
         method="qlora", quant="int8", lora_r=8, zero_stage=3, micro_batch=2, seq_len=64, grad_ckpt="full"
     ),
     "adamw8bit-zero1": TrainSpec(zero_stage=1, micro_batch=2, seq_len=64, optimizer="adamw-8bit"),
+    # PEFT's adapters on the embedding and the LM head too (issue 20), gradients sharded by ZeRO-2
+    "lora-edges-zero2": TrainSpec(
+        method="lora", lora_r=8, lora_targets="q_proj,v_proj,embed_tokens,lm_head", zero_stage=2, micro_batch=2,
+        seq_len=64,
+    ),
     # the seed scenario's shape (bloom-176b on 8xA100): optimizer states on NVMe, weights in RAM
     "zero3-nvme": TrainSpec(
         zero_stage=3, offload_optimizer="nvme", offload_params="cpu", micro_batch=2, seq_len=64
@@ -85,7 +90,7 @@ def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True, source: s
         from launcher.train.quantize import quantize_linears
 
         arch = resolve_model("tiny-llama")
-        base_spec = spec.with_(method="full", grad_ckpt="none", zero_stage=0)
+        base_spec = spec.base_model(grad_ckpt="none", zero_stage=0)
         if source is None:
             base = build_model(arch.hf_config, "tiny-llama", base_spec, "random", 0, 0.0)
         else:
@@ -116,6 +121,13 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     final_dir = run_dir / "output" / "final"
     if spec.trains_adapters:
         assert (final_dir / "adapter_model.safetensors").is_file()
+        if "lm_head" in spec.lora_targets:
+            from safetensors import safe_open
+
+            with safe_open(str(final_dir / "adapter_model.safetensors"), "pt") as f:
+                names = set(f.keys())
+            assert any("embed_tokens.lora_embedding_A" in n for n in names), sorted(names)
+            assert any("lm_head.lora_B" in n for n in names), sorted(names)
     elif shard == SMALL_SHARDS:
         index = json.loads((final_dir / "model.safetensors.index.json").read_text())
         assert len(set(index["weight_map"].values())) > 1  # reloaded below, shard by shard
@@ -155,7 +167,7 @@ def test_merge_adapter_writes_a_full_model_with_the_adapters_loss(tmp_path):
     from launcher.train.model import build_model
 
     arch = resolve_model("tiny-llama")
-    base = build_model(arch.hf_config, "tiny-llama", spec.with_(method="full"), "random", 0, 0.0).eval()
+    base = build_model(arch.hf_config, "tiny-llama", spec.base_model(), "random", 0, 0.0).eval()
     with torch.no_grad():
         assert abs(float(base(**fixed_batch()).loss.float()) - loss) > 1e-2  # the adapter is in it
 

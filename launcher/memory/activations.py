@@ -388,13 +388,20 @@ def edge_activations(arch: ModelArch, spec: TrainSpec, first: bool, last: bool) 
             out += norm_bytes(arch, T, e, spec.method == "full")
         if _dropout(arch, "embd_pdrop", "embed_dropout") > 0:
             out += T * arch.hidden
+    edges = lora_targets(arch, spec) if spec.trains_adapters else set()
+    if first and "embed_tokens" in edges:
+        out += T * spec.lora_r * e  # PEFT's embedding adapter: the A lookup, kept for B's gradient
     if last:
         out += norm_bytes(arch, T, e, spec.method == "full")
-        if spec.method == "full" or chunked_loss(spec):
-            # lm_head input, kept for its weight gradient, or by the chunked loss for its recompute
+        head_adapter = "lm_head" in edges
+        if spec.method == "full" or chunked_loss(spec) or head_adapter:
+            # lm_head input, kept for its weight gradient (or its adapter's lora_A), or by the chunked
+            # loss for its recompute
             out += T * arch.hidden * e
         if chunked_loss(spec):
             out += 8 * T  # the shifted labels (int64), kept for the recompute
+        elif head_adapter:
+            out += T * spec.lora_r * e  # lora_A's output, for lora_B's gradient
     return out
 
 

@@ -27,7 +27,7 @@ from launcher.errors import InvalidSpecError
 from launcher.memory import constants as C
 from launcher.memory.memo import ArchMemo
 from launcher.models.arch import Linear, ModelArch
-from launcher.spec import TrainSpec
+from launcher.spec import EDGE_TARGETS, TrainSpec
 
 
 @dataclass(frozen=True)
@@ -74,16 +74,25 @@ def lora_rank(arch: ModelArch, lin: Linear, r: int) -> int:
 
 
 def lora_targets(arch: ModelArch, spec: TrainSpec) -> set[str]:
-    """Leaf names of the block linears LoRA adapts; `all-linear` is every block linear (PEFT)."""
+    """Leaf names of the block linears LoRA adapts (`all-linear` is every block linear, as PEFT
+    has it), and the EDGE_TARGETS named: embed_tokens, lm_head."""
     names = set(arch.linear_names())
     wanted = spec.lora_target_list()
+    edges = {t for t in wanted if t in EDGE_TARGETS}
     if "all-linear" in wanted:
-        return names
-    unknown = [t for t in wanted if t not in names]
+        if edges and arch.experts > 1:
+            # PEFT reaches fused experts only from its own "all-linear" (or their v4 names), which
+            # takes no additions: the worker cannot name that set plus the edges
+            raise InvalidSpecError(
+                f"--lora-targets all-linear with {','.join(sorted(edges))} on {arch.name} (mixture of experts): "
+                f"name the block linears instead ({','.join(sorted(names))}) or drop {','.join(sorted(edges))}"
+            )
+        return names | edges
+    unknown = [t for t in wanted if t not in names and t not in edges]
     if unknown:
         raise InvalidSpecError(
-            f"--lora-targets {','.join(unknown)} matches no linear layer of {arch.name}; "
-            f"its linears are {','.join(sorted(names))} (or use all-linear)"
+            f"--lora-targets {','.join(unknown)} matches no linear layer of {arch.name}; its linears are "
+            f"{','.join(sorted(names))}, plus {' and '.join(EDGE_TARGETS)} (or use all-linear)"
         )
     return set(wanted)
 
@@ -132,6 +141,11 @@ def _count_stage_params(
             ada += layers * lin.count * 2 * (r + (fin + fout) / 2)
     # transformers >= 5 keeps a block's experts in one module (both fused weights): gathered together
     largest = max(largest, experts_module)
+    r, width = spec.lora_r, arch.embed_dim or arch.hidden
+    for edge_target, held in (("embed_tokens", first), ("lm_head", last)):
+        if held and edge_target in targets:  # PEFT's adapters: A (r x in) and B (out x r)
+            trainable += r * (arch.vocab + width)
+            ada += 2 * r + arch.vocab + width
     norms = layers * arch.layer_norm_params
     edge = 0.0
     if first:

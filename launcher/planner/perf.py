@@ -116,6 +116,9 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         layer_train, head_train = 3 * (2 * mm + attn), 3 * head
     else:  # frozen weights: input gradients only; adapters forward + both gradients
         layer_train, head_train = 4 * mm + 3 * attn + 6 * lora, 2 * head
+        width = arch.embed_dim or arch.hidden
+        # adapters on the head (two matmuls) and the embedding (B's matmul; A is a lookup), per token
+        head_train += 6 * spec.lora_r * ((arch.vocab + width) * ("lm_head" in targets) + width * ("embed_tokens" in targets))
     if spec.grad_ckpt == "full":
         recompute = 2 * mm + attn + 2 * lora
     elif spec.grad_ckpt == "selective":  # the matmuls the policy does not keep, and the rest

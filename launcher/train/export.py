@@ -60,7 +60,7 @@ def merge_adapter(hf_config: dict, source: str, spec: TrainSpec, cfg, tokenizer,
 
     from launcher.train.model import build_model
 
-    plain = spec.with_(method="full", grad_ckpt="none", pp=1, tp=1)
+    plain = spec.base_model(grad_ckpt="none", pp=1, tp=1)
     base = build_model(hf_config, source, plain, cfg.init, cfg.seed, 0.0)
     merged = peft.PeftModel.from_pretrained(base, str(output / "final")).merge_and_unload()
     merged.save_pretrained(str(output / "final-merged"), max_shard_size=cfg.max_shard_size)

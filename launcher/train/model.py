@@ -267,15 +267,33 @@ def build_model(
         # upcast it to fp32, which DeepSpeed's mixed precision casts straight back)
         if spec.grad_ckpt != "none":
             model.enable_input_require_grads()
-        targets = spec.lora_target_list()
         lora = peft.LoraConfig(
             r=spec.lora_r,
             lora_alpha=spec.lora_alpha,
             lora_dropout=lora_dropout,
-            target_modules="all-linear" if "all-linear" in targets else targets,
+            target_modules=peft_targets(model, spec),
             task_type="CAUSAL_LM",
         )
         # adapters in the base layers' (compute) dtype, as DeepSpeed would cast them anyway; not
         # by casting the model afterwards, which would also round RoPE's fp32 inv_freq buffers
         model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
     return model
+
+
+def peft_targets(lm, spec: TrainSpec):
+    """PEFT's target_modules for --lora-targets: block linears by their leaf names, `all-linear` as
+    PEFT has it (every nn.Linear / Conv1D but the LM head), and embed_tokens / lm_head as the
+    model's own input-embedding and head modules, whatever the family calls them."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    wanted = spec.lora_target_list()
+    modules = {"embed_tokens": lm.get_input_embeddings(), "lm_head": lm.get_output_embeddings()}
+    edges = [next(n for n, m in lm.named_modules() if m is modules[t]) for t in wanted if t in modules]
+    if "all-linear" not in wanted:
+        return [t for t in wanted if t not in modules] + edges
+    if not edges:
+        return "all-linear"
+    head = modules["lm_head"]
+    linears = [n for n, m in lm.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D)) and m is not head]
+    return sorted(set(linears) | set(edges))
