@@ -114,7 +114,9 @@ def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
         "--precision",
         choices=S.PRECISIONS,
         default="bf16",
-        help="bf16 = mixed with fp32 master weights (default)",
+        help="bf16: 16-bit weights with an fp32 master copy and fp32 states (default); bf16-pure: everything "
+        "in bf16; bf16-autocast (LoRA / QLoRA): bf16 frozen base, fp32 adapters and states, no master copy, "
+        "matmuls in bf16 under torch.autocast (the PEFT + bitsandbytes recipe); fp16; fp32",
     )
     g.add_argument("--optimizer", choices=S.OPTIMIZERS, default="adamw", help="default adamw")
     b = p.add_argument_group("batch and sequence")

@@ -13,8 +13,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from launcher.errors import InvalidSpecError
 
 METHODS = ("full", "lora", "qlora")
-PRECISIONS = ("fp32", "fp16", "bf16", "bf16-pure")
-OPTIMIZERS = ("adamw", "adamw-8bit", "adafactor", "sgd")
+PRECISIONS = ("fp32", "fp16", "bf16", "bf16-pure", "bf16-autocast")
+OPTIMIZERS = ("adamw", "adamw-8bit", "paged-adamw", "paged-adamw-8bit", "adafactor", "sgd")
+# bitsandbytes' optimizers; the paged ones keep their states in CUDA unified memory, which the driver
+# moves to host RAM when the GPU needs the room and back for the optimizer step
+BNB_OPTIMIZERS = ("adamw-8bit", "paged-adamw", "paged-adamw-8bit")
+PAGED_OPTIMIZERS = ("paged-adamw", "paged-adamw-8bit")
 GRAD_CKPT = ("none", "selective", "full")
 ATTENTION = ("eager", "sdpa", "flash")
 OFFLOAD = ("none", "cpu", "nvme")
@@ -97,6 +101,8 @@ class TrainSpec:
                 f"--pp {self.pp} with --zero-stage {self.zero_stage}: DeepSpeed pipeline parallelism "
                 "works with ZeRO-0/1 only; use --zero-stage 1 or --pp 1"
             )
+        if self.precision == "bf16-autocast":
+            _autocast_fits(self)
         if self.loss == "chunked" and self.pp > 1:
             raise InvalidSpecError(
                 f"--loss chunked with --pp {self.pp}: the chunked loss runs on the data-parallel engine, and "
@@ -129,8 +135,10 @@ class TrainSpec:
         return replace(self, **changes)
 
     def base_model(self, **changes) -> TrainSpec:
-        """The full-model configuration of the base an adapter is trained on (or merged into)."""
-        return replace(self, method="full", lora_targets=DEFAULT_LORA_TARGETS, **changes)
+        """The full-model configuration of the base an adapter is trained on (or merged into): its
+        16-bit dtype, without the adapters' targets."""
+        precision = "bf16" if self.precision == "bf16-autocast" else self.precision
+        return replace(self, method="full", lora_targets=DEFAULT_LORA_TARGETS, precision=precision, **changes)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,6 +167,21 @@ def autotp_conflict(spec: TrainSpec) -> str | None:
     if spec.pp > 1:
         return "DeepSpeed does not combine AutoTP with pipeline parallelism in training"
     return None
+
+
+def _autocast_fits(spec: TrainSpec) -> None:
+    """--precision bf16-autocast is the adapters' recipe (PEFT + bitsandbytes): a 16-bit frozen
+    base, fp32 adapters and optimizer states, matmuls in bf16 under DeepSpeed's torch_autocast."""
+    if spec.method == "full":
+        raise InvalidSpecError(
+            "--precision bf16-autocast keeps the trained weights in fp32 beside a bf16 frozen base: it is for "
+            "--method lora or qlora; full fine-tuning uses --precision bf16 (fp32 master copy) or bf16-pure"
+        )
+    if spec.pp > 1:
+        raise InvalidSpecError(
+            f"--precision bf16-autocast with --pp {spec.pp}: DeepSpeed's pipeline engine does not run torch_autocast; "
+            "use --pp 1 or --precision bf16"
+        )
 
 
 def _choice(flag: str, value: object, allowed: tuple[str, ...]) -> None:

@@ -243,3 +243,25 @@ def test_falcon_new_layout_keeps_the_fused_kernel():
     # no score-sized transient: only the MLP backward's two input-sized gradients remain
     mlp = 2 * spec.micro_batch * spec.seq_len * arch.ffn * 2
     assert A.backward_transient(arch, spec, A.layer_activations(arch, spec, set())) == mlp
+
+
+@pytest.mark.parametrize("targets", ["q_proj,v_proj", "all-linear", "all-linear,embed_tokens,lm_head"])
+def test_bf16_autocast_adapters_each_keep_their_own_input(targets):
+    """--precision bf16-autocast (the worker's model under torch.autocast, as DeepSpeed's
+    torch_autocast runs it): PEFT casts each adapter's input to fp32 and autocast back to bf16, so
+    q, k and v keep three copies of the input that plain bf16 LoRA keeps once; saved bytes within 5 %."""
+    from launcher.train.model import build_model
+
+    saved = {}
+    for precision in ("bf16", "bf16-autocast"):
+        spec = TrainSpec(method="lora", precision=precision, micro_batch=BATCH, seq_len=SEQ, lora_r=8,
+                         lora_targets=targets)
+        model = build_model(CFG, "", spec, init="random", seed=0, lora_dropout=0.0)
+        model.train()
+        ids = torch.randint(0, CFG["vocab_size"], (BATCH, SEQ))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16-autocast"):
+            with SavedBytes(model) as saved_bytes:
+                model(input_ids=ids)
+        saved[precision] = saved_bytes.total
+        assert abs(analytic_activations(spec) / saved_bytes.total - 1) < 0.05, (precision, saved_bytes.total)
+    assert saved["bf16-autocast"] > saved["bf16"]

@@ -53,6 +53,7 @@ def test_untraceable_configurations_are_refused_in_one_line(capsys):
     arch = resolve_model("tiny-llama")
     assert untraceable(arch, TrainSpec(method="qlora", optimizer="adamw-8bit")) is None
     assert untraceable(arch, TrainSpec(tp=2)) is not None
+    assert "unified memory" in untraceable(arch, TrainSpec(optimizer="paged-adamw-8bit"))
     code = ftlaunch(["estimate", "--model", "tiny-llama", "--gpus", "2xA100", "--tp", "2", "--trace"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "cannot trace" in err
@@ -109,6 +110,10 @@ CASES = [
     ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=1024, method="qlora", quant="int8", zero_stage=3)),
     ("qwen2.5-0.5b", "8xA100-80GB", dict(micro_batch=1, seq_len=512, method="qlora", zero_stage=3, grad_ckpt="full")),
     ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=1024, optimizer="adamw-8bit", zero_stage=2)),
+    # bf16 base, fp32 adapters, under autocast (each adapter keeps its own bf16 input copy)
+    ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=2, seq_len=1024, method="lora", precision="bf16-autocast")),
+    ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=1024, method="qlora", precision="bf16-autocast",
+                                         zero_stage=3)),
     # --loss chunked: the head and the loss a chunk at a time, recomputed in backward
     ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=2, seq_len=2048, loss="chunked")),
     ("qwen2.5-0.5b", "8xA100-80GB", dict(micro_batch=2, seq_len=1024, method="lora", zero_stage=3, loss="chunked")),

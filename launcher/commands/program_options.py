@@ -66,6 +66,11 @@ def check_plan(entry, spec, cpu: bool) -> None:
         return
     if spec.pp > 1:
         raise FtlaunchError(program.NO_TRAINER_FORM)
+    if spec.precision == "bf16-autocast":
+        raise FtlaunchError(
+            "{hf_args} with --precision bf16-autocast: the Trainer would run its own mixed precision over the "
+            "DeepSpeed config's torch_autocast; use --precision bf16"
+        )
     if spec.loss == "chunked":
         raise FtlaunchError(
             "--loss chunked with {hf_args}: the Hugging Face Trainer computes the whole loss, so the plan would "

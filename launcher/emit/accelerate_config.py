@@ -18,7 +18,7 @@ from pathlib import Path
 from launcher.hardware import ClusterSpec
 from launcher.spec import TrainSpec
 
-MIXED = {"bf16": "bf16", "bf16-pure": "bf16", "fp16": "fp16", "fp32": "no"}
+MIXED = {"bf16": "bf16", "bf16-pure": "bf16", "bf16-autocast": "bf16", "fp16": "fp16", "fp32": "no"}
 DEFAULT_PORT = 29500
 
 

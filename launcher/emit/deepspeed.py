@@ -12,7 +12,8 @@ one family; every value written "auto" there is filled here from the plan:
                    integration's "auto"; the memory model counts the same sizes).
   offload          device, NVMe path, pinned memory.
   precision        bf16 / fp16 (dynamic loss scaling) / fp32; bf16-pure keeps master weights,
-                   gradients and optimizer states in bf16 (needs ZeRO 1+).
+                   gradients and optimizer states in bf16 (needs ZeRO 1+); bf16-autocast runs
+                   DeepSpeed's torch_autocast over a bf16 base with fp32 adapters.
   optimizer        AdamW as DeepSpeed's (fused on GPU, CPU-Adam when offloaded); 8-bit AdamW,
                    Adafactor and SGD are created by the worker and passed to DeepSpeed.
   tensor_parallel  {"autotp_size": tp} when tp > 1 (the planner uses AutoTP for full fine-tuning
@@ -117,6 +118,10 @@ def ds_config(
 
     if spec.precision == "bf16":
         cfg["bf16"] = {"enabled": True}
+    elif spec.precision == "bf16-autocast":
+        # no bf16 engine (its fp32 master copy): the parameters keep their dtypes (bf16 base, fp32
+        # adapters) and the engine runs forward under torch.autocast(bfloat16)
+        cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
     elif spec.precision == "bf16-pure":
         cfg["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     elif spec.precision == "fp16":

@@ -192,15 +192,23 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
         norms += norm_bytes(arch, rows, e, spec.method == "full", width=arch.head_dim)
 
     linear_inputs = 0.0
-    if keeps("qkv"):
-        linear_inputs += T * h * e
     impl = attention_impl(arch, spec)
-    if keeps("attn_out") and unfused_attention(arch, spec):
-        # fused sdpa/flash return (b, s, heads, d) memory: o_proj reads a view of the kept output
-        linear_inputs += T * qd / t * e
-    shared_norm = n_norms == 1 and arch.model_type != "gpt2"  # parallel block: MLP reads the same tensor
-    if (keeps("mlp_in") or keeps("router")) and not (shared_norm and keeps("qkv")):
-        linear_inputs += T * h * e
+    if spec.precision == "bf16-autocast" and spec.trains_adapters:
+        # PEFT casts each adapter's input to its fp32 weights and autocast casts it back to bf16 for
+        # the matmul: every adapted linear keeps its own bf16 copy of its input (none is shared).
+        # The down projection's copy replaces the MLP product it would otherwise keep (in `act`).
+        for lin in arch.linears:
+            if lin.name in targets and lin.role in ("qkv", "attn_out", "mlp_in") and not bare_parameter(arch, lin):
+                linear_inputs += lin.count * T * lin.fan_in * 2
+    else:
+        if keeps("qkv"):
+            linear_inputs += T * h * e
+        if keeps("attn_out") and unfused_attention(arch, spec):
+            # fused sdpa/flash return (b, s, heads, d) memory: o_proj reads a view of the kept output
+            linear_inputs += T * qd / t * e
+        shared_norm = n_norms == 1 and arch.model_type != "gpt2"  # parallel block: MLP reads the same tensor
+        if (keeps("mlp_in") or keeps("router")) and not (shared_norm and keeps("qkv")):
+            linear_inputs += T * h * e
 
     scores = 0.0
     if impl == "eager":

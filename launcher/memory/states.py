@@ -169,10 +169,17 @@ def _count_stage_params(
 
 def weight_bytes(spec: TrainSpec, p: StageParams) -> float:
     e = 4 if spec.precision == "fp32" else 2
+    a = trained_bytes(spec)  # adapters
     if spec.method != "qlora":
-        return p.total * e + (p.trainable * e if spec.trains_adapters else 0)
+        return p.total * e + (p.trainable * a if spec.trains_adapters else 0)
     per = C.NF4_BYTES_PER_PARAM if spec.quant == "nf4" else C.INT8_BYTES_PER_PARAM
-    return p.quantizable * per + p.other * e + p.trainable * e
+    return p.quantizable * per + p.other * e + p.trainable * a
+
+
+def trained_bytes(spec: TrainSpec) -> int:
+    """Bytes per element of the trained parameters and their gradients: fp32 under fp32 and under
+    bf16-autocast (fp32 adapters beside a bf16 base, no master copy), else the 16-bit dtype."""
+    return 4 if spec.precision in ("fp32", "bf16-autocast") else 2
 
 
 def mixed(spec: TrainSpec) -> bool:
@@ -182,8 +189,10 @@ def mixed(spec: TrainSpec) -> bool:
 def optimizer_bytes(spec: TrainSpec, p: StageParams) -> float:
     if spec.optimizer == "adamw":
         return p.trainable * (4 if spec.precision == "bf16-pure" else 8)
-    if spec.optimizer == "adamw-8bit":
+    if spec.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         return p.trainable * C.ADAMW_8BIT_BYTES
+    if spec.optimizer == "paged-adamw":
+        return p.trainable * 8  # bitsandbytes' 32-bit states, whatever the parameters' dtype
     if spec.optimizer == "sgd":
         return p.trainable * (2 if spec.precision == "bf16-pure" else 4)
     if adafactor_flattened(spec):
@@ -196,7 +205,7 @@ def optimizer_bytes(spec: TrainSpec, p: StageParams) -> float:
 def adafactor_flattened(spec: TrainSpec) -> bool:
     """DeepSpeed flattens parameters for mixed precision (fp16/bf16 optimizers) and for ZeRO
     partitions; only fp32 without ZeRO gives the client optimizer the model's matrices."""
-    return spec.optimizer == "adafactor" and (spec.zero_stage >= 1 or spec.precision != "fp32")
+    return spec.optimizer == "adafactor" and (spec.zero_stage >= 1 or mixed(spec) or spec.precision == "bf16-pure")
 
 
 @dataclass(frozen=True)
@@ -216,7 +225,7 @@ class States:
 
 def model_states(spec: TrainSpec, p: StageParams, dp: int) -> States:
     stage = spec.zero_stage
-    gbytes = 4 if spec.precision == "fp32" else 2
+    gbytes = trained_bytes(spec)
     weights = weight_bytes(spec, p)
     grads = p.trainable * gbytes
     master = p.trainable * 4 if mixed(spec) else 0.0

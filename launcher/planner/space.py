@@ -79,9 +79,9 @@ def effective_base(request: Request) -> tuple[TrainSpec, tuple[str, ...]]:
     if base.precision == "bf16":
         note = f"{gpu.name} has no bf16: planned with fp16 mixed precision (same memory, loss scaling)"
         return base.with_(precision="fp16"), (*notes, note)
-    if base.precision == "bf16-pure":
+    if base.precision in ("bf16-pure", "bf16-autocast"):
         raise InvalidSpecError(
-            f"--precision bf16-pure needs bf16, which {gpu.name} lacks; use --precision fp16 or fp32"
+            f"--precision {base.precision} needs bf16, which {gpu.name} lacks; use --precision fp16 or fp32"
         )
     return base, notes
 

@@ -259,7 +259,8 @@ def trace_step(req: dict) -> dict:
                 for micro in range(micro_batches):  # gradients accumulate over the second
                     _progress(f"step {step}: forward" + (f" (micro-batch {micro + 1})" if micro else ""))
                     tracker.phase, tracker.moment = "activations", "forward"
-                    loss = model(input_ids=ids, labels=ids).loss
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.precision == "bf16-autocast"):
+                        loss = model(input_ids=ids, labels=ids).loss  # (DeepSpeed's torch_autocast)
                     _progress(f"step {step}: backward")
                     tracker.phase, tracker.moment = "logits_loss", "backward"
                     moments[f"step {step}.{micro + 1} backward start"] = tracker.total

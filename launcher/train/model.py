@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 from launcher.errors import FtlaunchError
-from launcher.spec import TrainSpec, autotp_conflict
+from launcher.spec import BNB_OPTIMIZERS, TrainSpec, autotp_conflict
 
 ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 
@@ -22,6 +22,7 @@ def torch_dtype(precision: str):
     return {
         "bf16": torch.bfloat16,
         "bf16-pure": torch.bfloat16,
+        "bf16-autocast": torch.bfloat16,  # the frozen base; the adapters are made fp32 (build_model)
         "fp16": torch.float16,
         "fp32": torch.float32,
     }[precision]
@@ -40,10 +41,10 @@ def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has
     why = autotp_conflict(spec)
     if why is not None:
         raise ModelLoadError(f"tp {spec.tp}: {why}; plan again (tp 1)")
-    if spec.method == "qlora" or spec.optimizer == "adamw-8bit":
+    if spec.method == "qlora" or spec.optimizer in BNB_OPTIMIZERS:
         from launcher.train.quantize import bitsandbytes_refusal
 
-        why = bitsandbytes_refusal("QLoRA" if spec.method == "qlora" else "--optimizer adamw-8bit")
+        why = bitsandbytes_refusal("QLoRA" if spec.method == "qlora" else f"--optimizer {spec.optimizer}")
         if why is not None:
             raise ModelLoadError(why)
     if spec.precision == "fp16" and not has_gpu and not cpu_runs_fp16():
@@ -277,6 +278,10 @@ def build_model(
         # adapters in the base layers' (compute) dtype, as DeepSpeed would cast them anyway; not
         # by casting the model afterwards, which would also round RoPE's fp32 inv_freq buffers
         model = peft.get_peft_model(model, lora, autocast_adapter_dtype=False)
+        if spec.precision == "bf16-autocast":
+            for p in model.parameters():  # fp32 adapters, as PEFT + bitsandbytes recipes train them
+                if p.requires_grad:
+                    p.data = p.data.float()
     return model
 
 
