@@ -22,7 +22,6 @@ peft = pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 
 from launcher.memory import activations as A  # noqa: E402
-from launcher.memory import constants as C  # noqa: E402
 from launcher.memory import states as S  # noqa: E402
 from launcher.models.hf_config import arch_from_hf_config  # noqa: E402
 from launcher.spec import TrainSpec  # noqa: E402
@@ -98,10 +97,17 @@ def test_qlora_activation_peak_is_what_the_model_counts(ckpt):
     assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)
 
 
-def test_8bit_adamw_states_on_a_flat_partition_are_what_the_model_counts():
+@pytest.mark.parametrize("optimizer", ["adamw-8bit", "paged-adamw-8bit", "paged-adamw"])
+def test_bitsandbytes_adamw_states_on_a_flat_partition_are_what_the_model_counts(optimizer):
+    """8-bit and paged AdamW (their states on a CPU are ordinary tensors of the same sizes)."""
+    from launcher.memory.states import StageParams
+    from launcher.spec import TrainSpec
+    from launcher.train.loop import _client_optimizer
+
     n = 3 * 2**20 + 100  # a DeepSpeed flat partition: one fp32 tensor, not a multiple of a block
     flat = torch.nn.Parameter(torch.randn(n))
-    opt = bnb.optim.AdamW8bit([flat], lr=1e-3)
+    spec = TrainSpec(optimizer=optimizer, zero_stage=1)
+    opt = _client_optimizer(spec, [flat], 1e-3, 0.0)  # what the worker builds
     flat.grad = torch.randn(n)
     opt.step()
     state = opt.state[flat]
@@ -109,6 +115,7 @@ def test_8bit_adamw_states_on_a_flat_partition_are_what_the_model_counts():
     for k, v in state.items():
         if torch.is_tensor(v) and not k.startswith("qmap"):  # the quantile maps are shared, 2 KiB
             held[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
-    assert state["state1"].dtype == torch.uint8
+    assert state["state1"].dtype == (torch.float32 if optimizer == "paged-adamw" else torch.uint8)
     measured = sum(held.values())
-    assert measured == pytest.approx(n * C.ADAMW_8BIT_BYTES, rel=1e-3), (measured, n * C.ADAMW_8BIT_BYTES)
+    predicted = S.optimizer_bytes(spec, StageParams(0, 0, n, 0, 0))
+    assert measured == pytest.approx(predicted, rel=1e-3), (measured, predicted)

@@ -201,3 +201,58 @@ def test_qlora_leaves_fused_experts_in_the_compute_dtype():
         S.stage_params(dense, TrainSpec(method="qlora"), dense.layers, True, True).other
         < 0.2 * dense.total_params
     )
+
+
+def test_bf16_autocast_states_are_a_bf16_base_and_fp32_adapters():
+    """The worker's model under --precision bf16-autocast: frozen weights in bf16, adapters, their
+    gradients and AdamW's states in fp32, and no master copy; the model's bytes are the built ones."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from launcher.models.hf_config import arch_from_hf_config
+    from launcher.train.model import build_model
+
+    spec = TrainSpec(method="lora", precision="bf16-autocast", lora_r=8)
+    model = build_model(_TINY_LLAMA, "", spec, init="random", seed=0, lora_dropout=0.0)
+    arch = arch_from_hf_config(_TINY_LLAMA, "tiny")
+    p = S.stage_params(arch, spec, arch.layers, True, True)
+    built = sum(t.numel() * t.element_size() for t in model.parameters())
+    assert S.weight_bytes(spec, p) == built
+    trained = [t for t in model.parameters() if t.requires_grad]
+    assert {t.dtype for t in trained} == {torch.float32}
+    states = S.model_states(spec, p, 1)
+    assert states.master == 0 and states.fp32_grads == 0
+    assert states.grads == sum(t.numel() * 4 for t in trained)
+    assert states.optimizer == 8 * p.trainable
+    bf16 = S.model_states(spec.with_(precision="bf16"), p, 1)
+    assert states.weights + states.grads + states.master + states.optimizer + states.fp32_grads < (
+        bf16.weights + bf16.grads + bf16.master + bf16.optimizer + bf16.fp32_grads
+    )
+
+
+def test_paged_optimizer_states_page_to_host_ram_instead_of_running_out():
+    """--optimizer paged-adamw(-8bit): the states are no part of the peak that must fit (unified
+    memory: on the GPU where there is room, paged out by the driver where not); what cannot fit
+    beside the peak is paged over PCIe every step and needs host RAM."""
+    from launcher.memory.estimate import estimate
+    from launcher.planner.perf import performance
+
+    arch, cluster = resolve_model("llama-3.1-8b"), parse_gpus("1xA100-80GB")
+    spec = TrainSpec(micro_batch=1, seq_len=1024, grad_ckpt="full", precision="bf16-pure", zero_stage=1)
+    plain, paged = (estimate(arch, spec.with_(optimizer=o), cluster) for o in ("adamw", "paged-adamw"))
+    p = S.stage_params(arch, spec, arch.layers, True, True)
+    plain_states = S.optimizer_bytes(spec, p)  # bf16-pure AdamW: 4 B/param
+    states = S.optimizer_bytes(spec.with_(optimizer="paged-adamw"), p)  # bitsandbytes' fp32 states: 8
+    assert states == 2 * plain_states
+    assert plain.peak_phase != "optimizer step" and plain.components["optimizer_states"] == plain_states
+    assert paged.components["optimizer_states"] == 0.0
+    assert paged.peak_allocated == pytest.approx(plain.peak_allocated - plain_states)
+    # 8B in bf16-pure on 80 GB: 16 GB weights + 16 GB gradients + 32 GB states + activations: the
+    # states do not all fit beside the backward, the rest pages over PCIe every step
+    assert 0 < paged.paged_overflow <= states
+    assert paged.host_components["paged_states"] == paged.paged_overflow
+    fast, slow = (performance(arch, spec.with_(optimizer=o), cluster, 1) for o in ("adamw", "paged-adamw"))
+    assert slow.breakdown["offload"] == pytest.approx(2 * paged.paged_overflow / (cluster.gpu.pcie_bandwidth_gbs * 1e9))
+    assert slow.tokens_per_s < fast.tokens_per_s
+    # with room to spare nothing pages
+    small = TrainSpec(method="lora", optimizer="paged-adamw-8bit", seq_len=512)
+    assert estimate(arch, small, cluster).paged_overflow == 0

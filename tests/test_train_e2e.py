@@ -34,6 +34,15 @@ CASES = {
         method="qlora", quant="int8", lora_r=8, zero_stage=3, micro_batch=2, seq_len=64, grad_ckpt="full"
     ),
     "adamw8bit-zero1": TrainSpec(zero_stage=1, micro_batch=2, seq_len=64, optimizer="adamw-8bit"),
+    # bitsandbytes' paged 8-bit AdamW (ordinary states on a CPU rank; the same optimizer code)
+    "paged-adamw8bit-lora-zero1": TrainSpec(
+        method="lora", lora_r=8, optimizer="paged-adamw-8bit", zero_stage=1, micro_batch=2, seq_len=64
+    ),
+    # the PEFT + bitsandbytes recipe's precision: bf16 base, fp32 adapters and states, torch_autocast
+    "lora-autocast-zero3": TrainSpec(
+        method="lora", lora_r=8, precision="bf16-autocast", zero_stage=3, micro_batch=2, seq_len=64
+    ),
+    "qlora-autocast-zero0": TrainSpec(method="qlora", lora_r=8, precision="bf16-autocast", micro_batch=2, seq_len=64),
     # PEFT's adapters on the embedding and the LM head too (issue 20), gradients sharded by ZeRO-2
     "lora-edges-zero2": TrainSpec(
         method="lora", lora_r=8, lora_targets="q_proj,v_proj,embed_tokens,lm_head", zero_stage=2, micro_batch=2,
@@ -121,6 +130,11 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     final_dir = run_dir / "output" / "final"
     if spec.trains_adapters:
         assert (final_dir / "adapter_model.safetensors").is_file()
+        if spec.precision == "bf16-autocast":  # trained (and saved) in fp32 beside the bf16 base
+            from safetensors import safe_open
+
+            with safe_open(str(final_dir / "adapter_model.safetensors"), "pt") as f:
+                assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}
         if "lm_head" in spec.lora_targets:
             from safetensors import safe_open
 

@@ -25,7 +25,13 @@ from launcher.spec import TrainSpec
 
 CONFIG = "ds_config_hf.json"
 ARGS = "hf_args.txt"
-OPTIM = {"adamw-8bit": "adamw_bnb_8bit", "adafactor": "adafactor", "sgd": "sgd"}  # TrainingArguments.optim
+OPTIM = {
+    "adamw-8bit": "adamw_bnb_8bit",
+    "paged-adamw": "paged_adamw_32bit",
+    "paged-adamw-8bit": "paged_adamw_8bit",
+    "adafactor": "adafactor",
+    "sgd": "sgd",
+}  # TrainingArguments.optim
 
 
 def trainer_ds_config(ds: dict) -> dict:

@@ -24,7 +24,7 @@ from launcher.memory import states as S
 from launcher.memory.memo import ArchMemo
 from launcher.memory.pipeline import engine_buffers
 from launcher.models.arch import ModelArch
-from launcher.spec import TrainSpec
+from launcher.spec import PAGED_OPTIMIZERS, TrainSpec
 
 # Order of the components in every table, chart and JSON object.
 COMPONENTS = (
@@ -57,6 +57,7 @@ class Estimate:
     gradients_full: float  # all gradient bytes on this GPU at the optimizer step
     activations_per_layer: float
     notes: tuple[str, ...] = field(default=())
+    paged_overflow: float = 0.0  # paged optimizer states paged out and in per step, bytes per GPU
 
     @property
     def fits(self) -> bool:
@@ -161,7 +162,11 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
 
     persistent_grads = st.grads if st.grads_persistent else 0.0
     persistent_fp32 = st.fp32_grads if st.fp32_grads_persistent else 0.0
-    base = st.weights + st.master + st.optimizer + bucket + persistent_grads + persistent_fp32
+    # a paged optimizer's states live in CUDA unified memory: on the GPU where there is room, paged
+    # to host RAM by the driver where there is not (its step walks the states page by page), so
+    # they are no part of the peak that must fit (estimate: paged_overflow)
+    resident_opt = 0.0 if spec.optimizer in PAGED_OPTIMIZERS else st.optimizer
+    base = st.weights + st.master + resident_opt + bucket + persistent_grads + persistent_fp32
     # Three moments compete for the peak (bytes on top of `base`, by component):
     # all saved activations and the loss's working set (or, if larger, the last block's
     # recompute and backward after it); ZeRO-3's window of gathered parameters
@@ -192,7 +197,7 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
         "weights": st.weights,
         "gradients": persistent_grads + persistent_fp32 + now.get("gradients", 0.0),
         "master_weights": st.master,
-        "optimizer_states": st.optimizer,
+        "optimizer_states": resident_opt,
         "activations": now.get("activations", 0.0),
         "logits_loss": now.get("logits_loss", 0.0),
         "zero_buffers": bucket + now.get("zero_buffers", 0.0),
@@ -247,6 +252,18 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
     comps["cuda_context_nccl"] = gpu_total - reserved
 
     host, nvme = _host_and_nvme(arch, spec, st, cluster, dp)
+    overflow = 0.0
+    if spec.optimizer in PAGED_OPTIMIZERS:
+        # what of the states cannot stay on the GPU beside the peak: paged out to host RAM and back
+        # for every optimizer step (planner/perf.py counts the PCIe time)
+        overflow = min(st.optimizer, max(0.0, gpu_total + st.optimizer - cluster.gpu_memory_gib * C.GIB))
+        ranks = min(cluster.world_size, cluster.gpus_per_node)
+        host["paged_states"] = overflow * ranks
+        notes.append(
+            f"{spec.optimizer}: {st.optimizer / C.GIB:.2f} GiB of optimizer states per GPU in unified memory, not "
+            f"counted above: on the GPU where there is room, paged to host RAM where not ({overflow / C.GIB:.2f} "
+            "GiB per GPU, out and back every step)"
+        )
     trainable_total = S.trainable_params(arch, spec)
     return Estimate(
         components={k: comps[k] for k in COMPONENTS},
@@ -257,6 +274,7 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
         peak_phase=phase,
         host_components=host,
         host_per_node=sum(host.values()),
+        paged_overflow=overflow,
         nvme_per_node=nvme,
         params_total=arch.total_params,
         params_trainable=trainable_total,

@@ -28,7 +28,8 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
   pp_bubble  1F1B: a step takes (accumulation + pp - 1) micro-batch slots, pp - 1 of them idle.
   offload    PCIe: gradients down, updated weights up (optimizer offload), weights up in forward
              and backward (parameter offload); NVMe: optimizer states read and written every step,
-             offloaded weights read per micro-batch and written per step, per node bandwidth.
+             offloaded weights read per micro-batch and written per step, per node bandwidth; a
+             paged optimizer's states that do not fit beside forward / backward, out and back.
   optimizer  GPU: memory-bound fused step; CPU (offload): CPU Adam, shared by the node's ranks.
 """
 
@@ -40,10 +41,10 @@ from launcher.gpus import GpuType
 from launcher.hardware import ClusterSpec
 from launcher.memory import states as S
 from launcher.memory.activations import chunked_loss, selective_matmuls, unfused_attention
-from launcher.memory.estimate import stage_split
+from launcher.memory.estimate import estimate, stage_split
 from launcher.models.arch import ModelArch
 from launcher.planner import constants as C
-from launcher.spec import TrainSpec
+from launcher.spec import PAGED_OPTIMIZERS, TrainSpec
 
 TERMS = (
     "compute",
@@ -232,6 +233,10 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
             offload_step += 2 * states / dp * ranks / nvme_bw  # read and write back every step
     else:
         optimizer = shard * C.GPU_OPTIMIZER_BYTES_PER_PARAM / (gpu.hbm_bandwidth_gbs * 1e9)
+    if spec.optimizer in PAGED_OPTIMIZERS:
+        # the states that do not fit beside forward / backward go out to host RAM and come back for
+        # the step, over PCIe (the memory model says how much: paged_overflow)
+        offload_step += 2 * estimate(arch, spec, cluster).paged_overflow / pcie
     if spec.offload_params != "none":
         fetch = 2 * weights / dp  # forward and backward, this rank's shard
         t = fetch / pcie

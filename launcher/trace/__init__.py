@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from launcher.errors import FtlaunchError
 from launcher.memory import constants as C
 from launcher.models.arch import ModelArch
-from launcher.spec import TrainSpec
+from launcher.spec import BNB_OPTIMIZERS, PAGED_OPTIMIZERS, TrainSpec
 
 
 class TraceError(FtlaunchError):
@@ -51,6 +51,11 @@ def untraceable(arch: ModelArch, spec: TrainSpec) -> str | None:
         return f"{arch.name} has no config.json contents to build the model from"
     if spec.tp > 1 or spec.pp > 1:
         return "tensor and pipeline parallelism are not traced (one rank of a TP/PP group is not simulated)"
+    if spec.optimizer in PAGED_OPTIMIZERS:
+        return (
+            f"--optimizer {spec.optimizer} keeps its states in CUDA unified memory, paged by the driver; a traced "
+            "step cannot see where they are (trace --optimizer adamw or adamw-8bit for the same tensors)"
+        )
     return None
 
 
@@ -62,10 +67,10 @@ def trace(
     if why:
         raise TraceError(f"cannot trace this configuration: {why}")
     missing = [m for m in ("torch", "transformers", "peft") if importlib.util.find_spec(m) is None]
-    if spec.method == "qlora" or spec.optimizer == "adamw-8bit":
+    if spec.method == "qlora" or spec.optimizer in BNB_OPTIMIZERS:
         from launcher.train.quantize import bitsandbytes_refusal
 
-        why = bitsandbytes_refusal("tracing QLoRA" if spec.method == "qlora" else "tracing --optimizer adamw-8bit")
+        why = bitsandbytes_refusal("tracing QLoRA" if spec.method == "qlora" else f"tracing --optimizer {spec.optimizer}")
         if why:
             raise TraceError(why)
     if missing:

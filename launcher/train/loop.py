@@ -47,9 +47,15 @@ def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float):
         from transformers.optimization import Adafactor
 
         return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
-    import bitsandbytes as bnb  # adamw-8bit
+    import bitsandbytes as bnb
 
-    return bnb.optim.AdamW8bit(params, lr=lr, weight_decay=weight_decay)
+    cls = {
+        "adamw-8bit": bnb.optim.AdamW8bit,
+        # paged: states in CUDA unified memory (bitsandbytes falls back to ordinary states on a CPU)
+        "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
+        "paged-adamw": bnb.optim.PagedAdamW32bit,
+    }[spec.optimizer]
+    return cls(params, lr=lr, weight_decay=weight_decay)
 
 
 def _rng_state() -> dict:
