@@ -42,7 +42,7 @@ def test_json_shape(capsys):
     }
     assert data["fits"] is True and data["request"]["global_batch"] == 16  # LoRA's default, one per GPU
     assert data["search"]["candidates"] >= len(data["plans"]) > 1
-    speeds = [p["perf"]["tokens_per_s"] for p in data["plans"]]
+    speeds = [p["ranking_tokens_per_s"] for p in data["plans"]]
     assert speeds == sorted(speeds, reverse=True)
     first = data["plans"][0]
     assert set(first) >= {"family", "spec", "tp", "pp", "dp", "global_batch", "memory", "perf", "budget_gib"}

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from launcher.memory.constants import GIB, LOSS_CHUNK_TOKENS
 from launcher.memory.estimate import Estimate, estimate
-from launcher.planner.plans import Plan, Rejection, Request
+from launcher.planner.constants import SPEED_UNCERTAINTY
+from launcher.planner.plans import Plan, Rejection, Request, moving_parts
 from launcher.render import LABELS
 from launcher.spec import TrainSpec
 
@@ -79,9 +80,17 @@ def rejection(family: str, spec: TrainSpec, est: Estimate, request: Request) -> 
 
 
 def _slower_because(winner: Plan, other: Plan) -> str:
+
     ratio = winner.perf.tokens_per_s / other.perf.tokens_per_s
     extra = {k: other.perf.breakdown[k] - winner.perf.breakdown.get(k, 0.0) for k in other.perf.breakdown}
     key = max(extra, key=lambda k: extra[k])
+    more = moving_parts(other.spec) - moving_parts(winner.spec)
+    if ratio < 1.0 - 1e-9 and more > 0:
+        return (
+            f"{(1 - ratio) * 100:.2g} % fewer tokens/s, within the speed model's uncertainty "
+            f"({SPEED_UNCERTAINTY:.0%} for each of the {more} more moving part{'s' if more > 1 else ''} it has: "
+            "offload, ZeRO-3, TP, PP, chunked loss), so the simpler plan"
+        )
     if ratio <= 1.0 + 1e-9:
         return "as fast; the chosen plan has fewer moving parts (lower stage, less offload, smaller TP/PP)"
     reason = f"{(ratio - 1) * 100:.2g} % more tokens/s" if ratio < 1.1 else f"{ratio:.2f}x the tokens/s"

@@ -15,7 +15,7 @@ from launcher.hardware import ClusterSpec
 from launcher.memory.constants import GIB
 from launcher.memory.estimate import Estimate, pipeline_stages
 from launcher.models.arch import ModelArch
-from launcher.planner.constants import DEFAULT_GLOBAL_BATCH, DEFAULT_MARGIN
+from launcher.planner.constants import DEFAULT_GLOBAL_BATCH, DEFAULT_MARGIN, SPEED_UNCERTAINTY
 from launcher.planner.perf import Perf
 from launcher.spec import TrainSpec
 
@@ -92,6 +92,25 @@ def default_global_batch(method: str, world: int) -> int:
     return world * -(-DEFAULT_GLOBAL_BATCH[method] // world)
 
 
+def moving_parts(spec: TrainSpec) -> int:
+    """What can go wrong or run slower than modelled (constants.SPEED_UNCERTAINTY)."""
+    weight = {"none": 0, "cpu": 1, "nvme": 2}
+    return (
+        weight[spec.offload_optimizer]
+        + weight[spec.offload_params]
+        + (spec.zero_stage == 3)
+        + (spec.tp > 1)
+        + (spec.pp > 1)
+        + (spec.loss == "chunked")
+    )
+
+
+def ranking_speed(spec: TrainSpec, perf: Perf) -> float:
+    """Tokens/s discounted by the speed model's uncertainty per moving part: a plan with more of
+    them must be faster by more than that uncertainty to win."""
+    return perf.tokens_per_s * (1 - SPEED_UNCERTAINTY) ** moving_parts(spec)
+
+
 @dataclass(frozen=True)
 class Plan:
     """One configuration that fits, with its memory and performance estimates."""
@@ -147,6 +166,9 @@ class Plan:
             "memory": self.estimate.to_dict(self.cluster),
             "pipeline_stages": pipeline_stages(self.arch, self.spec, self.cluster),
             "perf": self.perf.to_dict(),
+            # the ranking's figure: tokens/s less the speed model's uncertainty per moving part
+            "moving_parts": moving_parts(self.spec),
+            "ranking_tokens_per_s": round(ranking_speed(self.spec, self.perf), 3),
         }
 
 

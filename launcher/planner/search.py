@@ -2,7 +2,9 @@
 
 A candidate is feasible when the memory model's GPU total is within the budget (GPU memory less
 the margin) and its host RAM and NVMe per node are within the node's. Feasible plans are ranked
-by estimated tokens/s; ties go to fewer moving parts (lower ZeRO stage, less offload, smaller TP,
+by estimated tokens/s, discounted by the speed model's uncertainty for each moving part (offload,
+ZeRO-3, TP, PP, the chunked loss: a simpler plan wins unless the other is faster by more than that);
+ties go to fewer moving parts (lower ZeRO stage, less offload, smaller TP,
 smaller PP, less recompute, the whole loss, smaller micro-batch), so the order is total and deterministic.
 
 Pruning (only what provably cannot fit or cannot win, never what merely seems slow). Within a
@@ -29,16 +31,17 @@ from launcher.memory.constants import GIB
 from launcher.memory.estimate import Estimate, estimate
 from launcher.planner import explain, space
 from launcher.planner.perf import Perf, performance
-from launcher.planner.plans import Plan, PlanResult, Request, sharding_label
+from launcher.planner.plans import Plan, PlanResult, Request, ranking_speed, sharding_label
 from launcher.spec import TrainSpec
 
 MODES = ("all", "best", "first")
 
 
 def order_key(spec: TrainSpec, perf: Perf) -> tuple:
-    """Faster first; at equal speed, fewer moving parts."""
+    """Faster first, more moving parts paying the speed model's uncertainty each; at equal
+    speed, fewer moving parts."""
     return (
-        -perf.tokens_per_s,
+        -ranking_speed(spec, perf),
         space.SHARDING_RANK[(spec.zero_stage, spec.offload_optimizer, spec.offload_params)],
         spec.tp,
         spec.pp,
