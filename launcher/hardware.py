@@ -83,6 +83,9 @@ _NODE_CLASS = {
     "hgx-b200": (256, 3492, 5.0, 50, 14),
     # 8 x MI300X OAM servers (e.g. Azure ND MI300X v5 class): ~2 TiB, ~28 TB NVMe, 8 x 400 Gb/s, 128 cores
     "oam-mi300x": (256, 3492, 5.0, 50, 16),
+    # GH200 superchip: one GPU beside a 72-core Grace with 480 GB LPDDR5X (~450 GiB usable), its
+    # own NVMe (4 TB, ~7 GB/s), one 400 Gb/s NIC per superchip (NVIDIA GH200 datasheet / DGX GH200)
+    "gh200": (450, 3492, 7.0, 50, 72),
     # 8-GPU PCIe cloud server (AWS g5/g6.48xlarge): 768 GiB, 7.6 TB NVMe (~8 GB/s), 100 Gb/s, 96 cores
     "pcie-server": (96, 885, 1.0, 1.5625, 12),
     # Workstation: 128 GiB and one 2 TB PCIe4 NVMe (~7 GB/s) for 1-2 GPUs, 64 GiB per GPU beyond;

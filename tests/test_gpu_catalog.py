@@ -9,7 +9,7 @@ import math
 import pytest
 
 from launcher.errors import InvalidSpecError
-from launcher.gpus import GPUS, GpuType, list_gpus
+from launcher.gpus import GPUS, GpuType, list_gpus, resolve_gpu
 from launcher.hardware import NodeSpec, default_node
 
 REQUIRED = [
@@ -28,6 +28,14 @@ REQUIRED = [
     "RTX4090",
     "RTX-A6000",
     "MI300X",
+    "H100-NVL",
+    "GH200",
+    "A40",
+    "L40",
+    "RTX-A5000",
+    "RTX6000-Ada",
+    "MI250X",
+    "MI325X",
 ]
 
 
@@ -61,16 +69,19 @@ def test_catalog_entry_is_sane(gpu: GpuType) -> None:
         gpu.price_per_hour_usd,
     ):
         assert isinstance(value, (int, float)) and math.isfinite(value) and value > 0
-    assert 10 < gpu.memory_gib < 200
+    assert 10 < gpu.memory_gib < 300
     assert 50 <= gpu.peak_bf16_tflops <= 5000
     assert 200 <= gpu.hbm_bandwidth_gbs <= 10_000
-    assert gpu.pcie_bandwidth_gbs <= 64 and gpu.intra_node_bandwidth_gbs <= 1000
+    # GH200 reaches host memory over NVLink-C2C (450 GB/s), not PCIe
+    c2c = gpu.name == "GH200"
+    assert gpu.pcie_bandwidth_gbs <= (450 if c2c else 64) and gpu.intra_node_bandwidth_gbs <= 1000
     assert 0.1 < gpu.price_per_hour_usd < 20
     assert gpu.default_gpus_per_node in (1, 2, 4, 8)
-    if gpu.intra_node_link != "pcie":
+    if gpu.intra_node_link != "pcie" and not c2c:
         assert gpu.intra_node_bandwidth_gbs > gpu.pcie_bandwidth_gbs
     # usable memory is a little under the nominal size the name or datasheet gives
-    nominal = {"H200": 141, "B200": 180, "MI300X": 192, "L40S": 48, "RTX-A6000": 48, "T4": 16}
+    nominal = {"H200": 141, "B200": 180, "MI300X": 192, "L40S": 48, "RTX-A6000": 48, "T4": 16, "H100-NVL": 94,
+               "GH200": 96, "A40": 48, "L40": 48, "RTX6000-Ada": 48, "MI250X": 64, "MI325X": 256}  # fmt: skip
     nominal_gb = nominal.get(gpu.name) or next(
         (float(p[:-2]) for p in gpu.name.split("-") if p.endswith("GB")), 24 if gpu.memory_gib < 25 else 80
     )
@@ -103,6 +114,34 @@ def test_node_classes() -> None:
     assert ws.cpu_memory_gib == 128 and 1800 < ws.nvme_gib < 2000 and ws.inter_node_bandwidth_gbs <= 12.5
     custom = dataclasses.replace(GPUS["RTX4090"], name="RTX5090")
     assert default_node(custom, 2).cpu_memory_gib == 128
+    assert default_node(GPUS["GH200"], 1).cpu_memory_gib == 450  # the Grace CPU's LPDDR5X (480 GB), not a server slice
+    assert default_node(GPUS["MI250X"], 8).cpu_memory_gib == 512  # 8 GCDs, as Frontier / LUMI-G nodes
+    assert default_node(GPUS["RTX6000-Ada"], 1).cpu_memory_gib == 128  # a pro card: workstation
+
+
+@pytest.mark.parametrize(
+    ("spelling", "canonical"),
+    [
+        ("NVIDIA H100 NVL", "H100-NVL"),
+        ("NVIDIA GH200 480GB", "GH200"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX6000-Ada"),
+        ("NVIDIA RTX A5000", "RTX-A5000"),
+        ("a5000", "RTX-A5000"),
+        ("NVIDIA A40", "A40"),
+        ("NVIDIA L40", "L40"),
+        ("AMD Instinct MI250X / MI250", "MI250X"),
+        ("mi325x", "MI325X"),
+    ],
+)
+def test_new_spellings(spelling: str, canonical: str) -> None:
+    gpu, note = resolve_gpu(spelling)
+    assert (gpu.name, note) == (canonical, None)
+
+
+def test_mi250x_is_one_gcd() -> None:
+    gpu, note = resolve_gpu("MI250")
+    assert gpu.name == "MI250X" and note is not None and "GCD" in note
+    assert gpu.memory_gib < 64 and gpu.peak_bf16_tflops == pytest.approx(383 / 2)
 
 
 @pytest.mark.parametrize("n", [0, -1, 2.5, True])

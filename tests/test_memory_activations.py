@@ -265,3 +265,37 @@ def test_bf16_autocast_adapters_each_keep_their_own_input(targets):
         saved[precision] = saved_bytes.total
         assert abs(analytic_activations(spec) / saved_bytes.total - 1) < 0.05, (precision, saved_bytes.total)
     assert saved["bf16-autocast"] > saved["bf16"]
+
+
+GEMMA2 = dict(
+    model_type="gemma2", hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, vocab_size=4096, final_logit_softcapping=30.0,
+    attn_logit_softcapping=50.0, max_position_embeddings=1024, attention_dropout=0.0,
+)
+
+
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_gemma2_soft_capping_is_counted(method):
+    """Gemma-2 runs eager (transformers refuses sdpa for it) and soft-caps its attention scores
+    and logits (cap * tanh(x / cap)); tanh keeps its output: 2 bytes per score and per logit more."""
+    from launcher.train.model import build_model
+
+    arch = arch_from_hf_config(GEMMA2, "tiny-gemma2")
+    spec = TrainSpec(method=method, precision="bf16", micro_batch=2, seq_len=256, lora_r=8)
+    model = build_model(GEMMA2, "", spec, init="random", seed=0, lora_dropout=0.0)
+    model.train()
+    assert model.config._attn_implementation == "eager"
+    ids = torch.randint(0, GEMMA2["vocab_size"], (2, 256))
+    with SavedBytes(model) as saved:
+        model(input_ids=ids)
+    targets = S.lora_targets(arch, spec) if method == "lora" else set()
+    layer = A.layer_activations(arch, spec, targets)
+    predicted = arch.layers * A.stored_per_layer(arch, spec, layer) + A.edge_activations(arch, spec, True, True)
+    tanh_logits = 2 * 2 * 256 * GEMMA2["vocab_size"]  # the capped logits' tanh output, kept from the forward
+    # within TOL as the other families (Gemma's RMSNorm keeps its normalised tensor in fp32: -8 % uncapped)
+    assert abs((predicted + tanh_logits) / saved.total - 1) < TOL, (predicted + tanh_logits, saved.total)
+    with LiveBytes() as live:
+        model(input_ids=ids, labels=ids).loss.backward()
+    capped = A.logits_bytes(arch, spec)
+    assert capped == 14 * 2 * 256 * GEMMA2["vocab_size"]  # 12 B/logit + tanh's bf16 output
+    assert abs((predicted + capped) / live.peak - 1) < TOL, (predicted + capped, live.peak)

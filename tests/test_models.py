@@ -117,6 +117,9 @@ VARIANTS = {
     "qwen3-defaults": {"model_type": "qwen3", **_H, "intermediate_size": 80, "num_key_value_heads": 2,
                        "attention_bias": True},
     "gemma-defaults": {"model_type": "gemma", **_H, "num_attention_heads": 32, "intermediate_size": 80},
+    "gemma2-defaults": {"model_type": "gemma2", **_H, "num_attention_heads": 8, "intermediate_size": 80},
+    "gemma2-untied-biased": {"model_type": "gemma2", **_H, "intermediate_size": 80, "num_key_value_heads": 2,
+                             "head_dim": 32, "attention_bias": True, "tie_word_embeddings": False},
     "stablelm-variant": {"model_type": "stablelm", **_H, "num_attention_heads": 32, "hidden_size": 128,
                          "intermediate_size": 80, "qk_layernorm": True, "use_parallel_residual": True,
                          "use_qkv_bias": True, "tie_word_embeddings": True},
@@ -153,12 +156,22 @@ def test_defaults_follow_transformers():
     assert arch_from_hf_config(VARIANTS["qwen3-defaults"], "x").head_dim == 128
     gemma = arch_from_hf_config(VARIANTS["gemma-defaults"], "x")
     assert (gemma.head_dim, gemma.kv_heads, gemma.tied_embeddings, gemma.lm_head_params) == (256, 16, True, 0)
+    gemma2 = arch_from_hf_config(VARIANTS["gemma2-defaults"], "x")
+    assert (gemma2.head_dim, gemma2.kv_heads, gemma2.tied_embeddings) == (256, 4, True)
+    assert gemma2.layer_norm_params == 4 * 64  # input, post_attention, pre_ and post_feedforward norms
     assert arch_from_hf_config(VARIANTS["bloom-untied"], "x").lm_head_params == 96 * 64
 
 
 def test_published_parameter_counts():
     exact = {
         "llama-3.1-8b": 8_030_261_248,
+        "llama-1-65b": 65_285_660_672,
+        "yi-34b": 34_388_917_248,
+        "codellama-34b": 33_743_970_304,
+        "llama-3-70b": 70_553_706_496,
+        "gemma-2-2b": 2_614_341_888,
+        "gemma-2-9b": 9_241_705_984,
+        "gemma-2-27b": 27_227_128_320,
         "llama-2-7b": 6_738_415_616,
         "llama-3.1-405b": 405_853_388_800,
         "bloom-176b": 176_247_271_424,
@@ -180,7 +193,8 @@ def test_catalog_covers_required_models_and_architecture_facts():
     required = """bloom-560m bloom-7b1 bloom-176b llama-2-7b llama-2-13b llama-2-70b llama-3.1-8b llama-3.1-70b
     llama-3.1-405b llama-3.2-1b llama-3.2-3b mistral-7b mixtral-8x7b qwen-7b qwen2.5-7b qwen2.5-14b qwen2.5-32b
     qwen2.5-72b falcon-40b falcon-180b gpt-neox-20b opt-66b phi-1.5 phi-2 stablelm-3b gpt2 tiny-llama
-    tiny-bloom""".split()
+    tiny-bloom llama-1-65b yi-34b codellama-34b llama-3-8b llama-3-70b mistral-7b-v0.2 mistral-7b-v0.3
+    gemma-2-2b gemma-2-9b gemma-2-27b""".split()
     assert set(required) <= set(list_models())
     assert set(INFO) == set(CATALOG)
     llama = resolve_model("llama-3.1-8b")
@@ -224,6 +238,9 @@ def test_resolve_catalog_name_is_case_insensitive_and_cached():
         ("bigscience/bloom", "bloom-176b"),
         ("Qwen/Qwen-7B", "qwen-7b"),
         ("stabilityai/stablelm-3b-4e1t", "stablelm-3b"),
+        ("meta-llama/Meta-Llama-3-70B-Instruct", "llama-3-70b"),
+        ("google/gemma-2-9b-it", "gemma-2-9b"),
+        ("mistral-community/Mistral-7B-v0.2", "mistral-7b-v0.2"),
     ],
 )
 def test_resolve_hub_id_of_catalog_entry(hub_id, name):

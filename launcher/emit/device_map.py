@@ -28,6 +28,7 @@ LAYOUTS: dict[str, tuple[str, str, list[str], list[str]]] = {
     "qwen2": _LLAMA_LIKE,
     "qwen3": _LLAMA_LIKE,
     "gemma": _LLAMA_LIKE,
+    "gemma2": _LLAMA_LIKE,
     "stablelm": _LLAMA_LIKE,
     "phi": (
         "model",

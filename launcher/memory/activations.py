@@ -47,7 +47,9 @@ _ACT_ALIASES = {
     "quick_gelu": "gelu_new",
     "gelu_accurate": "gelu_new",
 }
-_EAGER_ONLY = {"bloom"}  # transformers implements only eager attention for these
+EAGER_ONLY = {"bloom"}  # transformers implements only eager attention for these
+# transformers refuses sdpa for these (gemma2: soft-capped attention scores); flash-attn runs them
+EAGER_FOR_SDPA = {"gemma2"}
 # Eager attention whose softmax runs in the compute dtype; the others upcast it to fp32.
 _EAGER_SOFTMAX_IN_DTYPE = {"gpt2", "falcon"}
 
@@ -92,7 +94,7 @@ def sdpa_math_kernel(arch: ModelArch) -> bool:
 
 def attention_impl(arch: ModelArch, spec: TrainSpec) -> str:
     """What actually runs: eager, sdpa (a fused kernel), math (sdpa's unfused fallback) or flash."""
-    if arch.model_type in _EAGER_ONLY:
+    if arch.model_type in EAGER_ONLY or (spec.attention == "sdpa" and arch.model_type in EAGER_FOR_SDPA):
         return "eager"
     if spec.attention == "sdpa" and sdpa_math_kernel(arch):
         return "math"
@@ -216,7 +218,9 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
         # the dropout mask (1 byte, CUDA's fused kernel) and the tensor the value matmul reads
         attention = 3 * T * qd / t * e
         mask = 1 if _dropout(arch, "attention_dropout", "attn_pdrop") > 0 else 0
-        scores = b * heads * s * s * (_softmax_bytes(arch, e) + mask + _eager_value_input(arch, e))
+        # gemma2 soft-caps the scores (cap * tanh(scores / cap)): tanh keeps its output
+        cap = e if arch.hf_config.get("attn_logit_softcapping") else 0
+        scores = b * heads * s * s * (_softmax_bytes(arch, e) + mask + _eager_value_input(arch, e) + cap)
     elif impl == "math":
         # sdpa's math kernel works in fp32 (torch >= 2.5 upcasts 16-bit inputs) and keeps the
         # scaled q, K and V and the softmax output. K/V keep their own width with one sequence
@@ -435,10 +439,12 @@ def logits_bytes(arch: ModelArch, spec: TrainSpec) -> float:
     term). A micro-batch of one chunk or less runs the whole loss, unchanged. Measured on the CPU in tests/test_chunked_loss.py.
     """
     T = spec.micro_batch * spec.seq_len
-    if not chunked_loss(spec):
-        return 12.0 * T * arch.vocab
     e = 4 if spec.precision == "fp32" else 2
-    out = 12.0 * LOSS_CHUNK_TOKENS * arch.vocab + 2.0 * T * arch.hidden * e
+    # soft-capped logits (gemma2: cap * tanh(logits / cap)): tanh keeps its output, per logit
+    per_logit = 12.0 + (e if arch.hf_config.get("final_logit_softcapping") else 0)
+    if not chunked_loss(spec):
+        return per_logit * T * arch.vocab
+    out = per_logit * LOSS_CHUNK_TOKENS * arch.vocab + 2.0 * T * arch.hidden * e
     if spec.method == "full":
         out += arch.vocab * arch.hidden * e
     return out

@@ -223,7 +223,13 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
     notes: list[str] = []
     impl = A.attention_impl(arch, spec)
     if impl == "eager" and spec.attention != "eager":
-        notes.append(f"{arch.model_type} supports only eager attention in transformers; counted as eager")
+        if arch.model_type in A.EAGER_FOR_SDPA:
+            notes.append(
+                f"transformers runs {arch.model_type}'s soft-capped attention eager, not sdpa (s² scores per layer); "
+                "counted as eager; --attention flash keeps it fused where flash-attn is installed"
+            )
+        else:
+            notes.append(f"{arch.model_type} supports only eager attention in transformers; counted as eager")
     if impl == "math":
         notes.append(
             f"{arch.model_type}'s single K/V head makes sdpa fall back to its math kernel (fp32 scores, "

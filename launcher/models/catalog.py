@@ -38,10 +38,13 @@ INFO: dict[str, ModelInfo] = {
     "bloom-560m": _i("bigscience/bloom-560m", 0.559),
     "bloom-7b1": _i("bigscience/bloom-7b1", 7.069),
     "bloom-176b": _i("bigscience/bloom", 176.247, "bigscience/bloomz"),
+    # LLaMA 1 (the paper's 65.2B): Meta published no hub repo; huggyllama holds the converted checkpoint
+    "llama-1-65b": _i("huggyllama/llama-65b", 65.286),
     "llama-2-7b": _i("meta-llama/Llama-2-7b-hf", 6.738, "meta-llama/Llama-2-7b-chat-hf"),
     "llama-2-13b": _i("meta-llama/Llama-2-13b-hf", 13.016, "meta-llama/Llama-2-13b-chat-hf"),
     "llama-2-70b": _i("meta-llama/Llama-2-70b-hf", 68.977, "meta-llama/Llama-2-70b-chat-hf"),
-    "llama-3-8b": _i("meta-llama/Meta-Llama-3-8B", 8.030),
+    "llama-3-8b": _i("meta-llama/Meta-Llama-3-8B", 8.030, "meta-llama/Meta-Llama-3-8B-Instruct"),
+    "llama-3-70b": _i("meta-llama/Meta-Llama-3-70B", 70.554, "meta-llama/Meta-Llama-3-70B-Instruct"),
     "llama-3.1-8b": _i(
         "meta-llama/Llama-3.1-8B",
         8.030,
@@ -66,9 +69,18 @@ INFO: dict[str, ModelInfo] = {
     "llama-3.2-1b": _i("meta-llama/Llama-3.2-1B", 1.236, "meta-llama/Llama-3.2-1B-Instruct"),
     "llama-3.2-3b": _i("meta-llama/Llama-3.2-3B", 3.213, "meta-llama/Llama-3.2-3B-Instruct"),
     "mistral-7b": _i("mistralai/Mistral-7B-v0.1", 7.242),
-    "mistral-7b-v0.3": _i("mistralai/Mistral-7B-v0.3", 7.248),
+    # the v0.2 base was released as a tarball only; mistral-community holds its conversion
+    "mistral-7b-v0.2": _i("mistral-community/Mistral-7B-v0.2", 7.242, "mistralai/Mistral-7B-Instruct-v0.2"),
+    "mistral-7b-v0.3": _i("mistralai/Mistral-7B-v0.3", 7.248, "mistralai/Mistral-7B-Instruct-v0.3"),
     "mixtral-8x7b": _i("mistralai/Mixtral-8x7B-v0.1", 46.703),
     "mixtral-8x22b": _i("mistralai/Mixtral-8x22B-v0.1", 140.621),
+    "codellama-34b": _i(
+        "codellama/CodeLlama-34b-hf",
+        33.744,
+        "codellama/CodeLlama-34b-Instruct-hf",
+        "codellama/CodeLlama-34b-Python-hf",
+    ),
+    "yi-34b": _i("01-ai/Yi-34B", 34.389, "01-ai/Yi-34B-Chat"),
     "qwen-7b": _i("Qwen/Qwen-7B", 7.721),
     "qwen2.5-0.5b": _i("Qwen/Qwen2.5-0.5B", 0.494),
     "qwen2.5-1.5b": _i("Qwen/Qwen2.5-1.5B", 1.544),
@@ -81,6 +93,9 @@ INFO: dict[str, ModelInfo] = {
     "qwen3-8b": _i("Qwen/Qwen3-8B", 8.191),
     "gemma-2b": _i("google/gemma-2b", 2.506),
     "gemma-7b": _i("google/gemma-7b", 8.538),
+    "gemma-2-2b": _i("google/gemma-2-2b", 2.614, "google/gemma-2-2b-it"),
+    "gemma-2-9b": _i("google/gemma-2-9b", 9.242, "google/gemma-2-9b-it"),
+    "gemma-2-27b": _i("google/gemma-2-27b", 27.227, "google/gemma-2-27b-it"),
     # Falcon model cards give nominal sizes (7B / 40B / 180B); these are the loaded models (tied head).
     "falcon-7b": _i("tiiuae/falcon-7b", 6.922),
     "falcon-40b": _i("tiiuae/falcon-40b", 41.303),
@@ -109,6 +124,7 @@ _EXTRA_NAMES = {
     "phi-1_5": "phi-1.5",
     "bloom": "bloom-176b",
     "mistral-7b-v0.1": "mistral-7b",
+    "llama-65b": "llama-1-65b",
     "mixtral-8x7b-v0.1": "mixtral-8x7b",
     "mixtral-8x22b-v0.1": "mixtral-8x22b",
 }

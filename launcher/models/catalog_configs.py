@@ -74,6 +74,14 @@ _GEMMA = {
     "max_position_embeddings": 8192, "pad_token_id": 0, "rms_norm_eps": 1e-06, "rope_scaling": None,
     "rope_theta": 10000.0, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 256000,
 }
+_GEMMA2 = {
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "attention_bias": False, "attention_dropout": 0.0,
+    "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "initializer_range": 0.02, "max_position_embeddings": 8192,
+    "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+    "sliding_window": 4096, "torch_dtype": "float32", "use_cache": True, "vocab_size": 256000,
+}
 
 CONFIGS: dict[str, dict] = {
     # ---- BLOOM (bigscience) ----
@@ -82,6 +90,14 @@ CONFIGS: dict[str, dict] = {
     "bloom-7b1": {**_BLOOM, "hidden_size": 4096, "n_head": 32, "n_inner": None, "n_layer": 30, "offset_alibi": 100,
                   "pretraining_tp": 1, "skip_bias_add": True, "skip_bias_add_qkv": False, "unk_token_id": 0},
     "bloom-176b": {**_BLOOM, "n_embed": 14336, "n_layer": 70, "num_attention_heads": 112, "pretraining_tp": 4},
+    # ---- LLaMA (1) 65B: Meta's weights as converted in huggyllama/llama-65b ----
+    "llama-1-65b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 8192, "initializer_range": 0.02, "intermediate_size": 22016,
+        "max_position_embeddings": 2048, "max_sequence_length": 2048, "num_attention_heads": 64,
+        "num_hidden_layers": 80, "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": False,
+        "torch_dtype": "float16", "use_cache": True, "vocab_size": 32000,
+    },
     # ---- Llama 2 / 3 / 3.1 / 3.2 (meta-llama) ----
     "llama-2-7b": {**_LLAMA2, "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
                    "num_hidden_layers": 32, "num_key_value_heads": 32},
@@ -92,6 +108,9 @@ CONFIGS: dict[str, dict] = {
     "llama-3-8b": {**_LLAMA3, "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 8192,
                    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
                    "rope_scaling": None},
+    "llama-3-70b": {**_LLAMA3, "hidden_size": 8192, "intermediate_size": 28672, "max_position_embeddings": 8192,
+                    "num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8,
+                    "rope_scaling": None},
     "llama-3.1-8b": {**_LLAMA3, "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
                      "num_hidden_layers": 32, "num_key_value_heads": 8},
     "llama-3.1-70b": {**_LLAMA3, "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
@@ -109,6 +128,14 @@ CONFIGS: dict[str, dict] = {
         "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32,
         "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32000,
+    },
+    "mistral-7b-v0.2": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "attention_dropout": 0.0,
+        "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+        "intermediate_size": 14336, "max_position_embeddings": 32768, "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+        "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 32000,
     },
     "mistral-7b-v0.3": {
         "architectures": ["MistralForCausalLM"], "model_type": "mistral", "attention_dropout": 0.0,
@@ -135,6 +162,24 @@ CONFIGS: dict[str, dict] = {
         "output_router_logits": False, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
         "router_aux_loss_coef": 0.001, "sliding_window": None, "tie_word_embeddings": False,
         "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 32000,
+    },
+    # ---- Code Llama (codellama) ----
+    "codellama-34b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "bos_token_id": 1, "eos_token_id": 2,
+        "hidden_act": "silu", "hidden_size": 8192, "initializer_range": 0.02, "intermediate_size": 22016,
+        "max_position_embeddings": 16384, "num_attention_heads": 64, "num_hidden_layers": 48,
+        "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 1000000, "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True,
+        "vocab_size": 32000,
+    },
+    # ---- Yi (01-ai): the Llama module tree ----
+    "yi-34b": {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "bos_token_id": 1,
+        "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 7168, "initializer_range": 0.02,
+        "intermediate_size": 20480, "max_position_embeddings": 4096, "num_attention_heads": 56,
+        "num_hidden_layers": 60, "num_key_value_heads": 8, "pad_token_id": 0, "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 5000000.0, "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16", "use_cache": True, "vocab_size": 64000,
     },
     # ---- Qwen (1.0, remote code), Qwen2.5, Qwen3 (Qwen) ----
     "qwen-7b": {
@@ -180,6 +225,14 @@ CONFIGS: dict[str, dict] = {
                  "num_hidden_layers": 18, "num_key_value_heads": 1},
     "gemma-7b": {**_GEMMA, "hidden_size": 3072, "intermediate_size": 24576, "num_attention_heads": 16,
                  "num_hidden_layers": 28, "num_key_value_heads": 16},
+    # ---- Gemma 2 (google): four RMSNorms per block, soft-capped attention and logits ----
+    "gemma-2-2b": {**_GEMMA2, "hidden_size": 2304, "intermediate_size": 9216, "num_attention_heads": 8,
+                   "num_hidden_layers": 26, "num_key_value_heads": 4},
+    "gemma-2-9b": {**_GEMMA2, "hidden_size": 3584, "intermediate_size": 14336, "num_attention_heads": 16,
+                   "num_hidden_layers": 42, "num_key_value_heads": 8},
+    "gemma-2-27b": {**_GEMMA2, "head_dim": 128, "hidden_size": 4608, "intermediate_size": 36864,
+                    "num_attention_heads": 32, "num_hidden_layers": 46, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 144},
     # ---- Falcon (tiiuae) ----
     "falcon-7b": {**_FALCON, "hidden_size": 4544, "multi_query": True, "new_decoder_architecture": False,
                   "num_attention_heads": 71, "num_hidden_layers": 32},

@@ -24,6 +24,7 @@ TIE_DEFAULTS = {
     "qwen2": False,
     "qwen3": False,
     "gemma": True,
+    "gemma2": True,
     "qwen": False,
     "bloom": True,
     "falcon": True,

@@ -21,9 +21,9 @@ from launcher.models.config_reader import ConfigReader
 
 # num_key_value_heads when the key is absent (None = num_attention_heads); an explicit null
 # in config.json always means num_attention_heads.
-_KV_DEFAULTS = {"llama": None, "mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "gemma": 16}
+_KV_DEFAULTS = {"llama": None, "mistral": 8, "mixtral": 8, "qwen2": 32, "qwen3": 32, "gemma": 16, "gemma2": 4}
 # head_dim when the key is absent (None = hidden_size // num_attention_heads).
-_HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256}
+_HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256}
 
 
 def _attn(q: str, k: str, v: str, o: str, h: int, q_dim: int, kv_dim: int, qkv_bias: bool, o_bias: bool):
@@ -58,7 +58,7 @@ def _fused_block(qkv: str, out: str, up: str, down: str, h: int, qkv_dim: int, f
     ) + _mlp2(up, down, h, ffn, bias)
 
 
-# ---- Llama family: llama, mistral, mixtral, qwen2, qwen3, gemma (RMSNorm, SwiGLU/GeGLU) ------
+# ---- Llama family: llama, mistral, mixtral, qwen2, qwen3, gemma, gemma2 (RMSNorm, SwiGLU/GeGLU) --
 def llama_like(c: ConfigReader) -> ModelArch:
     mt = c.model_type
     h = c.num("hidden_size")
@@ -72,7 +72,7 @@ def llama_like(c: ConfigReader) -> ModelArch:
 
     if mt == "qwen2":
         qkv_bias, o_bias, mlp_bias = True, False, False
-    elif mt in ("llama", "qwen3", "gemma"):
+    elif mt in ("llama", "qwen3", "gemma", "gemma2"):
         qkv_bias = o_bias = c.flag("attention_bias", default=False)
         mlp_bias = mt == "llama" and c.flag("mlp_bias", default=False)
     else:  # mistral, mixtral
@@ -92,6 +92,8 @@ def llama_like(c: ConfigReader) -> ModelArch:
         linears += _swiglu(h, ffn, mlp_bias)
 
     norms = 2 * h + (2 * head_dim if mt == "qwen3" else 0)  # qwen3: q_norm, k_norm per head dim
+    if mt == "gemma2":  # sandwich norms: also post_attention and pre/post_feedforward RMSNorms
+        norms = 4 * h
     tied = c.tied()
     return c.arch(
         hidden=h, layers=layers, heads=heads, kv_heads=kv, head_dim=head_dim, ffn=ffn,
@@ -316,6 +318,7 @@ BUILDERS: dict[str, Callable[[ConfigReader], ModelArch]] = {
     "qwen2": llama_like,
     "qwen3": llama_like,
     "gemma": llama_like,
+    "gemma2": llama_like,
     "qwen": qwen,
     "stablelm": stablelm,
     "phi": phi,

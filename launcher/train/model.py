@@ -16,6 +16,13 @@ class ModelLoadError(FtlaunchError):
     pass
 
 
+def attention_impl_is_eager(model_type: str | None, attention: str) -> bool:
+    """Families transformers runs eager where sdpa is asked (memory.activations.attention_impl)."""
+    from launcher.memory.activations import EAGER_FOR_SDPA, EAGER_ONLY
+
+    return model_type in EAGER_ONLY or (attention == "sdpa" and model_type in EAGER_FOR_SDPA)
+
+
 def torch_dtype(precision: str):
     import torch
 
@@ -201,7 +208,7 @@ def build_model(
     from launcher.train import quantize, weights
 
     dtype = torch_dtype(spec.precision)
-    attn = ATTN[spec.attention] if hf_config.get("model_type") != "bloom" else "eager"
+    attn = "eager" if attention_impl_is_eager(hf_config.get("model_type"), spec.attention) else ATTN[spec.attention]
     cfg = copy.deepcopy(hf_config)  # transformers rewrites nested rope dicts in place
     model_type = cfg.pop("model_type")
     config = transformers.AutoConfig.for_model(model_type, **cfg)
