@@ -119,6 +119,15 @@ def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
         "matmuls in bf16 under torch.autocast (the PEFT + bitsandbytes recipe); fp16; fp32",
     )
     g.add_argument("--optimizer", choices=S.OPTIMIZERS, default="adamw", help="default adamw")
+    g.add_argument(
+        "--optimizer-step",
+        choices=S.OPTIMIZER_STEPS,
+        help="after-backward: one optimizer step over every gradient (default"
+        + (" unless the planner finds in-backward is what fits" if search else "")
+        + "); in-backward: each parameter stepped inside the backward as its gradient is complete and the "
+        "gradient freed at once (torchtune's optimizer_in_bwd): full fine-tuning at ZeRO-0 with fp32 or "
+        "bf16-pure and no accumulation, without gradient clipping (its global norm needs every gradient)",
+    )
     b = p.add_argument_group("batch and sequence")
     b.add_argument(
         "--micro-batch", type=positive_int, metavar="B", help="sequences per GPU per step (default 1)"
@@ -186,6 +195,7 @@ def train_spec(args: argparse.Namespace, dp_of: callable | None = None) -> S.Tra
         "grad_accum",
         "grad_ckpt",
         "loss",
+        "optimizer_step",
         "zero_stage",
         "offload_optimizer",
         "offload_params",

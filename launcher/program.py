@@ -109,7 +109,7 @@ def values(run_dir: Path, spec, ds: dict, training) -> dict[str, object]:
     """Each placeholder's value for this plan ({hf_args}: a list of words, None for pipeline plans)."""
     run_dir = Path(run_dir)
     hf = None
-    if spec.pp == 1:
+    if spec.pp == 1 and spec.optimizer_step == "after-backward":  # the Trainer steps after the backward
         hf = hf_trainer.trainer_args(
             spec, ds, run_dir, training.lr, training.weight_decay, training.warmup_steps
         )

@@ -78,13 +78,16 @@ def spec_line(spec, dp: int) -> str:
         f"{m} | {spec.precision} | {spec.optimizer} | ZeRO-{spec.zero_stage}{off} | "
         f"tp {spec.tp} pp {spec.pp} dp {dp} | micro-batch {spec.micro_batch} x seq {spec.seq_len} "
         f"x accum {spec.grad_accum} | ckpt {spec.grad_ckpt} | attention {spec.attention}"
-        + (" | chunked loss" if spec.loss == "chunked" else "")
+        + "".join(f" | {t}" for t in spec.techniques())
     )
 
 
 def ckpt_label(spec) -> str:
-    """Recompute and the chunked loss (the other thing recomputed in backward): 'full +chunk'."""
-    return spec.grad_ckpt + (" +chunk" if spec.loss == "chunked" else "")
+    """Recompute and what else happens in backward (chunked loss, optimizer step):
+    'full +chunk +step'."""
+    return spec.grad_ckpt + (" +chunk" if spec.loss == "chunked" else "") + (
+        " +step" if spec.optimizer_step == "in-backward" else ""
+    )
 
 
 def print_estimate(arch, spec, cluster, est) -> None:

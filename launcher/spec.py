@@ -24,6 +24,10 @@ ATTENTION = ("eager", "sdpa", "flash")
 OFFLOAD = ("none", "cpu", "nvme")
 QUANT = ("nf4", "int8")
 LOSSES = ("full", "chunked")
+# when the optimizer steps: after the whole backward (every gradient alive at once), or inside it,
+# each parameter as its gradient is complete, the gradient freed right after (torchtune's
+# optimizer_in_bwd; launcher/train/in_backward.py)
+OPTIMIZER_STEPS = ("after-backward", "in-backward")
 
 DEFAULT_LORA_TARGETS = "all-linear"
 # LoRA targets outside the blocks, by these names in every family (the worker finds the model's own
@@ -48,6 +52,7 @@ class TrainSpec:
     grad_ckpt: str = "none"
     attention: str = "sdpa"
     loss: str = "full"  # chunked: cross-entropy a chunk of tokens at a time (memory.constants.LOSS_CHUNK_TOKENS)
+    optimizer_step: str = "after-backward"  # in-backward: OPTIMIZER_STEPS
     zero_stage: int = 0
     offload_optimizer: str = "none"
     offload_params: str = "none"
@@ -64,6 +69,7 @@ class TrainSpec:
         _choice("--offload-params", self.offload_params, OFFLOAD)
         _choice("--quant", self.quant, QUANT)
         _choice("--loss", self.loss, LOSSES)
+        _choice("--optimizer-step", self.optimizer_step, OPTIMIZER_STEPS)
         for flag, value, hi in (
             ("--lora-r", self.lora_r, 65536),
             ("--lora-alpha", self.lora_alpha, 1 << 20),
@@ -108,6 +114,10 @@ class TrainSpec:
                 f"--loss chunked with --pp {self.pp}: the chunked loss runs on the data-parallel engine, and "
                 "DeepSpeed's pipeline engine hands the whole logits to its loss; use --pp 1 or --loss full"
             )
+        if self.optimizer_step == "in-backward":
+            why = in_backward_conflict(self)
+            if why is not None:
+                raise InvalidSpecError(f"--optimizer-step in-backward {why}")
         targets = [t for t in self.lora_targets.split(",") if t.strip()]
         edges = [t for t in targets if t in EDGE_TARGETS]
         if edges and self.pp > 1:
@@ -127,6 +137,13 @@ class TrainSpec:
     @property
     def tokens_per_micro_batch(self) -> int:
         return self.micro_batch * self.seq_len
+
+    def techniques(self) -> list[str]:
+        """The memory techniques this configuration adds, as plans name them."""
+        return [name for name, on in (
+            ("chunked loss", self.loss == "chunked"),
+            ("optimizer in backward", self.optimizer_step == "in-backward"),
+        ) if on]
 
     def lora_target_list(self) -> list[str]:
         return [t.strip() for t in self.lora_targets.split(",") if t.strip()]
@@ -166,6 +183,49 @@ def autotp_conflict(spec: TrainSpec) -> str | None:
         return "AutoTP training supports ZeRO-0/1/2 only"
     if spec.pp > 1:
         return "DeepSpeed does not combine AutoTP with pipeline parallelism in training"
+    return None
+
+
+def deepspeed_conflict(spec: TrainSpec) -> str | None:
+    """Why DeepSpeed's engine cannot train this configuration although the memory model can count
+    it (estimates of other trainers' recipes keep it), or None."""
+    if spec.precision == "bf16-pure" and spec.zero_stage == 0 and spec.optimizer_step == "after-backward":
+        return (
+            "--precision bf16-pure needs --zero-stage 1 or more under DeepSpeed (its bf16 optimizer keeps master "
+            "weights and states in bf16), or --optimizer-step in-backward at ZeRO-0"
+        )
+    return None
+
+
+def in_backward_conflict(spec: TrainSpec) -> str | None:
+    """Why the optimizer cannot step inside the backward for this configuration (the rest of the
+    error line, with what to do), or None. Each parameter is stepped alone the moment its gradient
+    is complete, so nothing may need every gradient first: no accumulation, no ZeRO partitioning
+    (DeepSpeed owns the gradients and the step), no fp32 master copy or loss scaling."""
+    if spec.method != "full":
+        return (
+            "frees each gradient as its parameter is stepped, which pays where gradients are as large as the "
+            "model: use it with --method full (adapters' gradients are small)"
+        )
+    if spec.zero_stage != 0:
+        return (
+            f"with --zero-stage {spec.zero_stage}: under ZeRO DeepSpeed partitions the gradients and steps the "
+            "optimizer itself; use --zero-stage 0"
+        )
+    if spec.tp > 1 or spec.pp > 1:
+        return "runs on the data-parallel engine without tensor or pipeline parallelism; use --tp 1 --pp 1"
+    if spec.grad_accum > 1:
+        return (
+            f"with --grad-accum {spec.grad_accum}: a gradient is freed as soon as it is applied, so it cannot "
+            "accumulate over micro-batches; use --grad-accum 1 (a larger --micro-batch or more GPUs)"
+        )
+    if spec.precision not in ("fp32", "bf16-pure"):
+        return (
+            f"with --precision {spec.precision}: "
+            + ("fp16 scales the loss and checks every gradient for overflow before any step"
+               if spec.precision == "fp16" else "bf16 steps an fp32 master copy after the backward")
+            + "; use --precision bf16-pure (torchtune's recipe) or fp32"
+        )
     return None
 
 

@@ -76,16 +76,26 @@ class SavedBytes:
         self._ctx.__exit__(*exc)
 
 
-class ActivationPeak(LiveBytes):
+class NewBytes(LiveBytes):
+    """LiveBytes that never takes a view for a new storage (a weight's transpose in a linear is a
+    view of the parameter, made before the block)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.is_view:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+class ActivationPeak(NewBytes):
     """LiveBytes for a whole training step in an engine: the peak of new storages alive at once
     with the parameters' gradients set apart (the memory model counts them as gradients, not
-    activations), and views never taken for new storage (a weight's transpose in a linear is a
-    view of the parameter, made before the block)."""
+    activations)."""
 
     def __init__(self, params) -> None:
         super().__init__()
         self.grad_keys: set[int] = set()
         self.grad_live = 0
+        self.grad_peak = 0  # gradient bytes alive at once
         self.activation_peak = 0
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad) for p in params if p.requires_grad]
 
@@ -94,6 +104,7 @@ class ActivationPeak(LiveBytes):
         if id(st) in self._seen and id(st) not in self.grad_keys:
             self.grad_keys.add(id(st))
             self.grad_live += st.nbytes()
+            self.grad_peak = max(self.grad_peak, self.grad_live)
 
     def _release(self, key: int, n: int) -> None:
         super()._release(key, n)
@@ -102,8 +113,6 @@ class ActivationPeak(LiveBytes):
             self.grad_live -= n
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.is_view:
-            return func(*args, **(kwargs or {}))
         out = super().__torch_dispatch__(func, types, args, kwargs)
         self.activation_peak = max(self.activation_peak, self.live - self.grad_live)
         return out

@@ -161,6 +161,30 @@ def test_the_chunked_loss_is_chosen_where_it_lets_a_faster_plan_fit_and_says_so(
     assert code == 0 and short["plans"][0]["spec"]["loss"] == "full"
 
 
+def test_the_optimizer_steps_in_backward_where_that_is_what_fits_and_says_so(capsys):
+    """torchtune's Llama-3.1-8B full fine-tune on one RTX 4090 (bf16-pure, paged 8-bit AdamW, 2
+    sequences per step): stepped after the backward its 15 GiB of gradients leave only parameter
+    offload; stepped inside it, ZeRO-0 fits, faster, and the plan says why. With an fp32 master copy
+    (bf16) it is not a choice, and nothing in backward is offered where accumulation is needed."""
+    argv = ["plan", "--model", "llama-3.1-8b", "--gpus", "1xRTX4090", "--precision", "bf16-pure",
+            "--optimizer", "paged-adamw-8bit", "--global-batch", "2"]
+    code, data, _ = run_json(argv, capsys)
+    best = data["plans"][0]
+    assert code == 0 and best["spec"]["optimizer_step"] == "in-backward" and best["spec"]["zero_stage"] == 0
+    assert best["spec"]["grad_accum"] == 1 and best["spec"]["offload_params"] == "none"
+    line = next(w for w in data["why"] if w.startswith("optimizer in backward"))
+    assert "stepped after the backward this plan needs" in line and "no gradient clipping" in line
+    code, usual, _ = run_json([*argv, "--optimizer-step", "after-backward"], capsys)
+    assert code == 0 and usual["plans"][0]["spec"]["offload_params"] == "cpu"
+    assert usual["plans"][0]["perf"]["tokens_per_s"] < best["perf"]["tokens_per_s"]
+    code, mixed, _ = run_json([*argv[:5], "--global-batch", "2"], capsys)
+    assert code == 0 and all(p["spec"]["optimizer_step"] == "after-backward" for p in mixed["plans"])
+    code, accum, _ = run_json([*argv[:-1], "64"], capsys)
+    assert code == 0 and all(
+        p["spec"]["optimizer_step"] == "after-backward" or p["spec"]["grad_accum"] == 1 for p in accum["plans"]
+    )
+
+
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
@@ -181,6 +205,8 @@ def test_the_chunked_loss_is_chosen_where_it_lets_a_faster_plan_fit_and_says_so(
         (["--micro-batch", "0"], "positive"),
         (["--pp", "2", "--loss", "chunked"], "--loss chunked with --pp 2"),
         (["--loss", "sliced"], "--loss"),
+        (["--optimizer-step", "in-backward"], "--precision bf16-pure"),
+        (["--optimizer-step", "in-backward", "--precision", "fp32", "--zero-stage", "1"], "--zero-stage 0"),
         (["--method", "lora", "--lora-targets", "lm_head", "--pp", "2"], "trained at pp 1 only"),
         (["--method", "lora", "--lora-targets", "embed"], "plus embed_tokens and lm_head"),
     ],

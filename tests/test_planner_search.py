@@ -92,7 +92,9 @@ def _exhaustive(request: Request) -> set[TrainSpec]:
                 and est.nvme_per_node <= node.nvme_gib * GIB
             ):
                 out.add(spec)
-    # a chunked loss whose whole-loss twin fits is not a plan (the twin is the same plan, faster)
+    # a chunked loss whose whole-loss twin fits is not a plan (the twin is the same plan, faster), nor
+    # an optimizer step in backward whose after-backward twin fits (the same plan, simpler)
+    out = {spec for spec in out if spec.optimizer_step == "after-backward" or spec.with_(optimizer_step="after-backward") not in out}
     return {spec for spec in out if spec.loss == "full" or spec.with_(loss="full") not in out}
 
 
@@ -111,26 +113,31 @@ def test_a_chunked_loss_is_slower_than_its_whole_twin():
 
 
 @pytest.mark.parametrize(
-    ("model", "gpus", "method", "seq", "global_batch"),
+    ("model", "gpus", "method", "seq", "global_batch", "extra"),
     [
-        ("bloom-176b", "8xA100", "full", 2048, None),
-        ("bloom-176b", "8xA100", "lora", 2048, 1024),
-        ("llama-2-70b", "2x8xA100-40GB", "full", 4096, 512),
-        ("llama-3.1-8b", "1xRTX4090", "qlora", 8192, 64),
-        ("mixtral-8x7b", "4xL40S", "lora", 2048, 256),
-        ("llama-3.1-8b", "8xA100-40GB", "full", 16384, 256),
+        ("bloom-176b", "8xA100", "full", 2048, None, {}),
+        ("bloom-176b", "8xA100", "lora", 2048, 1024, {}),
+        ("llama-2-70b", "2x8xA100-40GB", "full", 4096, 512, {}),
+        ("llama-3.1-8b", "1xRTX4090", "qlora", 8192, 64, {}),
+        ("mixtral-8x7b", "4xL40S", "lora", 2048, 256, {}),
+        ("llama-3.1-8b", "8xA100-40GB", "full", 16384, 256, {}),
+        # the optimizer step in backward searched (no accumulation) and found
+        ("llama-3.1-8b", "2xRTX4090", "full", 2048, 2, dict(precision="bf16-pure", optimizer="paged-adamw-8bit")),
+        ("llama-3.2-1b", "1xRTX4090", "full", 2048, 2, dict(precision="fp32")),
     ],
 )
-def test_pruning_loses_no_feasible_plan(model, gpus, method, seq, global_batch):
+def test_pruning_loses_no_feasible_plan(model, gpus, method, seq, global_batch, extra):
     request = Request(
         resolve_model(model),
         parse_gpus(gpus),
-        TrainSpec(method=method, seq_len=seq),
+        TrainSpec(method=method, seq_len=seq, **extra),
         global_batch=global_batch,
     )
     result = plan(request)
     assert {p.spec for p in result.ranked} == _exhaustive(request)
     assert result.pruned > 0
+    if extra:
+        assert any(p.spec.optimizer_step == "in-backward" for p in result.ranked)
 
 
 def test_lower_bound_behind_the_pruning():

@@ -28,6 +28,8 @@ CASES = {
     "pp2": BASE.with_(pp=2, zero_stage=1),  # the pipeline engine
     # the pipeline engine with DeepSpeedCPUAdam: what the planner picks for a 70B across slow links
     "pp2-offload": BASE.with_(pp=2, zero_stage=1, offload_optimizer="cpu"),
+    # one torch AdamW per parameter, stepped from the backward (launcher/train/in_backward.py)
+    "in-backward": BASE.with_(grad_accum=1, precision="bf16-pure", optimizer_step="in-backward"),
 }
 
 

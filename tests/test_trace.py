@@ -117,6 +117,10 @@ CASES = [
     # --loss chunked: the head and the loss a chunk at a time, recomputed in backward
     ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=2, seq_len=2048, loss="chunked")),
     ("qwen2.5-0.5b", "8xA100-80GB", dict(micro_batch=2, seq_len=1024, method="lora", zero_stage=3, loss="chunked")),
+    # the optimizer step in backward: one parameter's gradient (one rank) or a bucket of hidden² elements
+    ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=1, seq_len=1024, precision="bf16-pure", optimizer_step="in-backward")),
+    ("qwen2.5-0.5b", "4xA100-80GB", dict(micro_batch=1, seq_len=512, precision="fp32", grad_ckpt="full",
+                                         optimizer_step="in-backward")),
     # falcon modifies a module's output in place: ZeRO-3's backward triggers must not hand out views
     ("falcon-40b", "8xH100-80GB", dict(micro_batch=1, seq_len=1024, zero_stage=3, grad_ckpt="full")),
 ]

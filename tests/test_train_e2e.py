@@ -223,3 +223,27 @@ def test_chunked_loss_trains_the_curve_of_the_whole_loss(tmp_path):
         assert chunked == ([{"event": "chunked_loss", "chunk_tokens": 1024, "chunks": 2}] if loss == "chunked" else [])
     assert len(curves["chunked"]) == 3 and curves["chunked"][-1] < curves["chunked"][0], curves
     assert curves["chunked"] == pytest.approx(curves["full"], rel=1e-5), curves
+
+
+def test_optimizer_in_backward_trains_the_curve_of_the_step_after_backward(tmp_path):
+    """--optimizer-step in-backward on 2 ranks (fp32, ZeRO-0): every parameter stepped from its
+    gradient hook, gradients averaged as they come (tiny-llama's 64² bucket holds a few), against
+    DeepSpeed's usual step with the same AdamW and no clipping (in-backward cannot clip: its DeepSpeed
+    config says 0, and the baseline's is set to 0 to compare): the same curve to float tolerance."""
+    curves = {}
+    for step in ("after-backward", "in-backward"):
+        spec = TrainSpec(precision="fp32", micro_batch=2, seq_len=128, optimizer_step=step)
+        run_dir, argv = make_run(tmp_path / step, step, spec, max_steps=4, save_every=4, lr=1e-3)
+        config = json.loads((run_dir / "ds_config.json").read_text())
+        if step == "after-backward":
+            config["gradient_clipping"] = 0.0
+            (run_dir / "ds_config.json").write_text(json.dumps(config))
+        else:
+            assert config["gradient_clipping"] == 0.0 and "optimizer" not in config
+        proc = run_torchrun(argv)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        curves[step] = [r["loss"] for r in metrics(run_dir)]
+        logged = [e for e in events(run_dir) if e["event"] == "optimizer_in_backward"]
+        assert len(logged) == (step == "in-backward")
+    assert len(curves["in-backward"]) == 4 and curves["in-backward"][-1] < curves["in-backward"][0], curves
+    assert curves["in-backward"] == pytest.approx(curves["after-backward"], rel=1e-4), curves

@@ -333,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
         args.pp = 1  # searched without pipelines: their engine is not one the Trainer / accelerate drive
     if program_entry is not None and args.loss is None:
         args.loss = "full"  # a program computes its own loss: the whole one, unless --loss chunked says otherwise
+    if program_entry is not None and args.optimizer_step is None:
+        args.optimizer_step = "after-backward"  # and steps its own optimizer
     arch, cluster, result = _plan(args)
     best = result.best
     source = _source(args.model)

@@ -62,6 +62,11 @@ def check_plan(entry, spec, cpu: bool) -> None:
             "--launcher accelerate runs DeepSpeed's data-parallel engine from accelerate_config.yaml, which has no "
             "pipeline form (accelerate does not drive DeepSpeed's pipeline engine); pin --pp 1, or use --launcher torchrun"
         )
+    if spec.optimizer_step == "in-backward":
+        raise FtlaunchError(
+            "--optimizer-step in-backward is run by ftlaunch's worker; your program steps its own optimizer "
+            "after the backward; drop --optimizer-step"
+        )
     if "{hf_args}" not in entry.args:
         return
     if spec.pp > 1:

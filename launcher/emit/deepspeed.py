@@ -14,6 +14,10 @@ one family; every value written "auto" there is filled here from the plan:
   precision        bf16 / fp16 (dynamic loss scaling) / fp32; bf16-pure keeps master weights,
                    gradients and optimizer states in bf16 (needs ZeRO 1+); bf16-autocast runs
                    DeepSpeed's torch_autocast over a bf16 base with fp32 adapters.
+  optimizer step   in-backward: the worker steps each parameter inside the backward
+                   (launcher/train/in_backward.py), so gradient_clipping is 0 (a global norm needs
+                   every gradient at once), the optimizer is the worker's, and bf16-pure runs
+                   without DeepSpeed's bf16 engine (the model is bf16, nothing else is kept).
   optimizer        AdamW as DeepSpeed's (fused on GPU, CPU-Adam when offloaded); 8-bit AdamW,
                    Adafactor and SGD are created by the worker and passed to DeepSpeed.
   tensor_parallel  {"autotp_size": tp} when tp > 1 (the planner uses AutoTP for full fine-tuning
@@ -31,7 +35,7 @@ from functools import cache
 from launcher import templates
 from launcher.errors import InvalidSpecError
 from launcher.models.arch import ModelArch
-from launcher.spec import TrainSpec
+from launcher.spec import TrainSpec, deepspeed_conflict
 
 DEFAULT_NVME_PATH = "/local_nvme"
 DEFAULT_LR = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
@@ -81,10 +85,10 @@ def ds_config(
     nvme_path: str = DEFAULT_NVME_PATH,
 ) -> dict:
     """A complete DeepSpeed config for one plan (dp = data-parallel degree)."""
-    if spec.precision == "bf16-pure" and spec.zero_stage == 0:
-        raise InvalidSpecError(
-            "--precision bf16-pure needs --zero-stage 1 or more under DeepSpeed (bf16 master weights and states)"
-        )
+    in_backward = spec.optimizer_step == "in-backward"
+    why = deepspeed_conflict(spec)
+    if why is not None:
+        raise InvalidSpecError(why)
     cfg = copy.deepcopy(_load(template_name(spec)))
     h = arch.hidden
     cfg["train_micro_batch_size_per_gpu"] = spec.micro_batch
@@ -122,7 +126,7 @@ def ds_config(
         # no bf16 engine (its fp32 master copy): the parameters keep their dtypes (bf16 base, fp32
         # adapters) and the engine runs forward under torch.autocast(bfloat16)
         cfg["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
-    elif spec.precision == "bf16-pure":
+    elif spec.precision == "bf16-pure" and not in_backward:
         cfg["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     elif spec.precision == "fp16":
         cfg["fp16"] = {
@@ -135,7 +139,9 @@ def ds_config(
         }
 
     rate = DEFAULT_LR[spec.method] if lr is None else lr
-    if spec.optimizer == "adamw":
+    if in_backward:
+        cfg["gradient_clipping"] = 0.0
+    if spec.optimizer == "adamw" and not in_backward:
         cfg["optimizer"] = {
             "type": "AdamW",
             "params": {"lr": rate, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": weight_decay},

@@ -147,7 +147,7 @@ def stage_split(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
 
 def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     p = S.stage_params(arch, spec, layers, first, last)
-    st = S.model_states(spec, p, dp)
+    st = S.model_states(spec, p, dp, arch.hidden)
     window, bucket = S.zero_buffers(spec, arch, p)
     per_layer = A.layer_activations(arch, spec, targets)
     stored = layers * A.stored_per_layer(arch, spec, per_layer, targets) * inflight

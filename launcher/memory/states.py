@@ -223,11 +223,24 @@ class States:
     nvme: float  # offloaded states on NVMe (per rank)
 
 
-def model_states(spec: TrainSpec, p: StageParams, dp: int) -> States:
+def in_backward_window(spec: TrainSpec, p: StageParams, dp: int, hidden: int) -> float:
+    """Gradient bytes alive at once when the optimizer steps inside the backward
+    (launcher/train/in_backward.py): on one rank the parameter being stepped; data parallel, the
+    gradients waiting for their all-reduce, drained once they reach hidden² elements, so under
+    that bucket plus the parameter that tips it. The largest module stands for the largest
+    parameter (equal for dense models; a fused-experts module holds two)."""
+    largest = min(p.largest_module, p.trainable)
+    return (largest + (hidden * hidden if dp > 1 else 0)) * trained_bytes(spec)
+
+
+def model_states(spec: TrainSpec, p: StageParams, dp: int, hidden: int = 0) -> States:
+    """`hidden` sizes the in-backward all-reduce bucket (in_backward_window) when dp > 1."""
     stage = spec.zero_stage
     gbytes = trained_bytes(spec)
     weights = weight_bytes(spec, p)
     grads = p.trainable * gbytes
+    if spec.optimizer_step == "in-backward":
+        grads = min(grads, in_backward_window(spec, p, dp, hidden))
     master = p.trainable * 4 if mixed(spec) else 0.0
     opt = optimizer_bytes(spec, p)
     fp32g = p.trainable * 4 if mixed(spec) else 0.0

@@ -25,10 +25,10 @@ def size(x: float) -> str:
 
 
 def candidate(spec: TrainSpec, dp: int) -> str:
-    """'TP 8 x PP 1 x DP 8, micro-batch 1, recompute full' (', chunked loss' where it is)."""
-    return (
-        f"TP {spec.tp} x PP {spec.pp} x DP {dp}, micro-batch {spec.micro_batch}, recompute {spec.grad_ckpt}"
-        + (", chunked loss" if spec.loss == "chunked" else "")
+    """'TP 8 x PP 1 x DP 8, micro-batch 1, recompute full' (', chunked loss' etc. where it is)."""
+    return ", ".join(
+        [f"TP {spec.tp} x PP {spec.pp} x DP {dp}, micro-batch {spec.micro_batch}, recompute {spec.grad_ckpt}",
+         *spec.techniques()]
     )
 
 
@@ -89,7 +89,7 @@ def _slower_because(winner: Plan, other: Plan) -> str:
         return (
             f"{(1 - ratio) * 100:.2g} % fewer tokens/s, within the speed model's uncertainty "
             f"({SPEED_UNCERTAINTY:.0%} for each of the {more} more moving part{'s' if more > 1 else ''} it has: "
-            "offload, ZeRO-3, TP, PP, chunked loss), so the simpler plan"
+            "offload, ZeRO-3, TP, PP, chunked loss, optimizer in backward), so the simpler plan"
         )
     if ratio <= 1.0 + 1e-9:
         return "as fast; the chosen plan has fewer moving parts (lower stage, less offload, smaller TP/PP)"
@@ -117,13 +117,30 @@ def chunked_loss(plan: Plan) -> str | None:
     )
 
 
+def optimizer_in_backward(plan: Plan) -> str | None:
+    """Why a plan steps the optimizer inside the backward: the gradients it never holds at once."""
+    if plan.spec.optimizer_step != "in-backward":
+        return None
+    usual = estimate(plan.arch, plan.spec.with_(optimizer_step="after-backward"), plan.cluster)
+    if usual.gpu_total > plan.budget:
+        fits = f"stepped after the backward this plan needs {size(usual.gpu_total)} per GPU > {size(plan.budget)} budget"
+    else:
+        fits = "the usual step would fit too, but no faster plan does"
+    return (
+        f"optimizer in backward: each parameter is stepped as its gradient is complete, so "
+        f"{size(plan.estimate.gradients_full)} of gradients are alive at most instead of {size(usual.gradients_full)}; "
+        f"{fits}; no gradient clipping (its global norm needs every gradient at once)"
+    )
+
+
 def why(ranked: tuple[Plan, ...], limit: int = 4) -> list[str]:
     """Why the best plan beats the runner-up and the best plan of each other family (and why it
-    chunks its loss, where it does)."""
+    chunks its loss or steps in backward, where it does)."""
     if not ranked:
         return []
     best = ranked[0]
-    lines = [line for line in (chunked_loss(best),) if line]
+    lines = [line for line in (chunked_loss(best), optimizer_in_backward(best)) if line]
+    own = len(lines)
     if len(ranked) < 2:
         return lines
     lines.append(f"over the runner-up ({ranked[1].summary()}): {_slower_because(best, ranked[1])}")
@@ -134,6 +151,6 @@ def why(ranked: tuple[Plan, ...], limit: int = 4) -> list[str]:
         seen.add(plan.family)
         if plan is not ranked[1]:
             lines.append(f"over the best {plan.family} ({plan.summary()}): {_slower_because(best, plan)}")
-        if len(lines) >= limit + (best.spec.loss == "chunked"):
+        if len(lines) >= limit + own:
             break
     return lines

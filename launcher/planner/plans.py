@@ -30,6 +30,7 @@ SEARCHED = (
     "grad_accum",
     "grad_ckpt",
     "loss",
+    "optimizer_step",
 )
 
 
@@ -102,6 +103,7 @@ def moving_parts(spec: TrainSpec) -> int:
         + (spec.tp > 1)
         + (spec.pp > 1)
         + (spec.loss == "chunked")
+        + (spec.optimizer_step == "in-backward")
     )
 
 
@@ -141,7 +143,7 @@ class Plan:
         s = self.spec
         return (
             f"{self.family}, {self.layout}, micro-batch {s.micro_batch} x accum {s.grad_accum}, "
-            f"recompute {s.grad_ckpt}{', chunked loss' if s.loss == 'chunked' else ''}: "
+            f"recompute {', '.join([s.grad_ckpt, *s.techniques()])}: "
             f"{self.perf.tokens_per_s:,.0f} tokens/s"
         )
 

@@ -22,7 +22,8 @@ Modes: "all" walks each group from the smallest micro-batch up and ranks every f
 the remaining candidates by their performance estimate and estimates memory in that order until
 one fits: everything after it ranks lower, so it is the best plan "all" would give (tested), for
 less work; "first" stops at any feasible plan (an existence check for advice and selection).
-A chunked-loss candidate whose whole-loss twin fits is dropped: the twin is the same plan, faster.
+A chunked-loss candidate whose whole-loss twin fits is dropped: the twin is the same plan, faster;
+likewise an in-backward candidate whose after-backward twin fits (the same plan, fewer moving parts).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def order_key(spec: TrainSpec, perf: Perf) -> tuple:
         spec.pp,
         space.CKPT_RANK[spec.grad_ckpt],
         space.LOSS_RANK[spec.loss],
+        space.STEP_RANK[spec.optimizer_step],
         spec.micro_batch,
     )
 
@@ -147,18 +149,17 @@ def plan(request: Request, *, mode: str = "all") -> PlanResult:
     if mode == "best":
         return _best(s)
     plans: list[Plan] = []
-    whole_fits: set[TrainSpec] = set()
+    simpler_fits: set[TrainSpec] = set()
     for group in s.groups:
         for micro, accum, gb in group.batches:
             spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
-            if spec.loss == "chunked" and spec.with_(loss="full") in whole_fits:
-                # the same plan with the whole loss fits and is faster (no head recompute): pruned
-                # (its group comes right after that one: space.groups)
+            if any(twin in simpler_fits for twin in _simpler_twins(spec)):
+                # the same plan with the whole loss / the usual step fits and is faster or simpler:
+                # pruned (its group comes before this one: space.groups)
                 continue
             est, over_from = s.verdict(spec, accum)
             if est is not None:
-                if spec.loss == "full":
-                    whole_fits.add(spec)
+                simpler_fits.add(spec)
                 perf = performance(arch, spec, cluster, group.dp)
                 plans.append(Plan(arch, cluster, spec, group.dp, gb, est, perf, budget))
                 if mode == "first":
@@ -166,6 +167,17 @@ def plan(request: Request, *, mode: str = "all") -> PlanResult:
             elif over_from is not None:
                 break  # walking up from the smallest micro-batch: the rest of the group is over
     return s.result(plans)
+
+
+def _simpler_twins(spec: TrainSpec) -> list[TrainSpec]:
+    """The same plan without one of the memory techniques it adds (the whole loss, the optimizer
+    step after the backward); each is faster or simpler and comes earlier in space.groups."""
+    twins = []
+    if spec.optimizer_step == "in-backward":
+        twins.append(spec.with_(optimizer_step="after-backward"))
+    if spec.loss == "chunked":
+        twins.append(spec.with_(loss="full"))
+    return twins
 
 
 def _best(s: _Search) -> PlanResult:

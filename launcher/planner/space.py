@@ -15,6 +15,10 @@ Dimensions (a dimension the user pinned takes only the pinned value):
   loss          full, chunked (the LM head + cross-entropy LOSS_CHUNK_TOKENS at a time, recomputed in
                 backward: launcher/train/chunked_loss.py); chunked only at pp 1 and where a
                 micro-batch holds more than one chunk, since below that it is the same loss
+  optimizer_step after-backward, in-backward (each parameter stepped inside the backward and its
+                gradient freed: launcher/train/in_backward.py); in-backward only where the spec
+                allows it (full fine-tuning, ZeRO-0, tp 1, pp 1, fp32 / bf16-pure: spec.py
+                in_backward_conflict) and only for the micro-batches that need no accumulation
   micro_batch   MICRO_BATCHES, with the accumulation that reaches the global batch exactly
                 (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate
 
@@ -36,7 +40,15 @@ from launcher.memory.estimate import check_parallelism
 from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
-from launcher.spec import GRAD_CKPT, LOSSES, TrainSpec, autotp_conflict
+from launcher.spec import (
+    GRAD_CKPT,
+    LOSSES,
+    OPTIMIZER_STEPS,
+    TrainSpec,
+    autotp_conflict,
+    deepspeed_conflict,
+    in_backward_conflict,
+)
 
 # (zero_stage, offload_optimizer, offload_params), fewest moving parts first: the order breaks
 # ties between plans of equal speed.
@@ -59,6 +71,7 @@ SHARDINGS = (
 SHARDING_RANK = {s: i for i, s in enumerate(SHARDINGS)}
 CKPT_RANK = {c: i for i, c in enumerate(GRAD_CKPT)}
 LOSS_RANK = {c: i for i, c in enumerate(LOSSES)}
+STEP_RANK = {c: i for i, c in enumerate(OPTIMIZER_STEPS)}
 
 
 @dataclass(frozen=True)
@@ -147,6 +160,11 @@ def _pinned_spec(request: Request, base: TrainSpec) -> None:
         raise InvalidSpecError(
             f"--tp {pins['tp']} with this configuration: {why}; drop --tp or change the rest"
         )
+    why = deepspeed_conflict(spec)
+    if why is not None and "zero_stage" in request.pinned:
+        # unless the step in backward (searched where the rest allows it) is what runs it
+        if "optimizer_step" in request.pinned or in_backward_conflict(spec) is not None:
+            raise InvalidSpecError(why)
     if request.pinned.get("zero_stage") == 0 and spec.pp > 1:
         raise InvalidSpecError(f"--pp {spec.pp} with --zero-stage 0: {PIPELINE_ZERO0}; use --zero-stage 1")
 
@@ -198,20 +216,33 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
                 continue
             for ckpt in ckpts:
                 for loss in _losses(request, pp, batches):
-                    try:
-                        spec = base.with_(
-                            zero_stage=stage,
-                            offload_optimizer=opt,
-                            offload_params=params,
-                            tp=tp,
-                            pp=pp,
-                            grad_ckpt=ckpt,
-                            loss=loss,
-                        )
-                    except InvalidSpecError:
-                        continue  # e.g. an 8-bit optimizer cannot be offloaded
-                    if autotp_conflict(spec) is None:
-                        yield Group(spec, dp, batches)
+                    for step in _steps(request):
+                        # in-backward: only the micro-batches that need no accumulation
+                        members = tuple(b for b in batches if step == "after-backward" or b[1] in (1, None))
+                        try:
+                            spec = base.with_(
+                                zero_stage=stage,
+                                offload_optimizer=opt,
+                                offload_params=params,
+                                tp=tp,
+                                pp=pp,
+                                grad_ckpt=ckpt,
+                                loss=loss,
+                                optimizer_step=step,
+                            )
+                        except InvalidSpecError:
+                            continue  # e.g. an 8-bit optimizer cannot be offloaded
+                        if members and autotp_conflict(spec) is None and deepspeed_conflict(spec) is None:
+                            yield Group(spec, dp, members)
+
+
+def _steps(request: Request) -> tuple[str, ...]:
+    """after-backward, and in-backward where this request's fixed choices allow it (the layout
+    and accumulation are checked per candidate by TrainSpec)."""
+    if "optimizer_step" in request.pinned:
+        return (request.pinned["optimizer_step"],)
+    probe = request.base.with_(zero_stage=0, tp=1, pp=1, grad_accum=1)
+    return OPTIMIZER_STEPS if in_backward_conflict(probe) is None else OPTIMIZER_STEPS[:1]
 
 
 def _losses(request: Request, pp: int, batches) -> tuple[str, ...]:

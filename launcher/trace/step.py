@@ -214,7 +214,10 @@ def trace_step(req: dict) -> dict:
         else:
             parts = []
             opt_params = trainable
-        opt = _optimizer(torch, spec, opt_params)
+        in_backward = spec.optimizer_step == "in-backward"  # ZeRO-0, so opt_params are the model's
+        opt = None if in_backward else _optimizer(torch, spec, opt_params)
+        inner = {id(p): _optimizer(torch, spec, [p]) for p in trainable} if in_backward else {}
+        waiting: list = []  # in backward: gradients waiting for their all-reduce (in_backward.py)
         # ZeRO-2/3 reduce each gradient into the partition as soon as it is accumulated;
         # ZeRO-0/1 keep them all until the backward ends (bf16 ZeRO-0: BF16_Optimizer's
         # immediate_grad_update is off by default, it copies into its fp32 buffer after)
@@ -225,10 +228,25 @@ def trace_step(req: dict) -> dict:
         if mixed and stage == 0 and spec.precision == "bf16":
             fp32_acc = _flat(torch, n_train * 4, torch.uint8, tracker, "gradients")
 
+        def drain():
+            phase, moment = tracker.phase, tracker.moment
+            tracker.phase = "optimizer_temporaries"
+            for q in waiting:
+                inner[id(q)].step()
+                _count_states(tracker, inner[id(q)])
+                q.grad = None
+            waiting.clear()
+            tracker.phase, tracker.moment = phase, moment
+
         def on_grad(p):
             if p.grad is None:
                 return
-            if reduce_now:
+            if in_backward:  # stepped and freed once the bucket of hidden² elements is full
+                tracker.add(p.grad, "gradients")
+                waiting.append(p)
+                if dp == 1 or sum(q.numel() for q in waiting) >= hidden * hidden:
+                    drain()
+            elif reduce_now:
                 p.grad = None  # reduced into the persistent partition
             else:
                 tracker.add(p.grad, "gradients")
@@ -282,6 +300,8 @@ def trace_step(req: dict) -> dict:
                         _count_states(tracker, opt)
                         part.grad = None
                         del g
+                elif in_backward:
+                    drain()  # the last bucket
                 elif not parts:
                     opt.step()
                     _count_states(tracker, opt)

@@ -30,6 +30,10 @@ class DataParallel:
         )
         self.model, self.spec, self.world = model, spec, world
         self.dp_rank = rank // spec.tp  # AutoTP groups are consecutive ranks
+        if spec.optimizer_step == "in-backward":
+            # the optimizer averages each gradient as it comes and frees it (in_backward.py); the
+            # engine's all-reduce after the backward would find none (and zero-fill them all)
+            self.ds.enable_backward_allreduce = False
 
     def step(self, batches, step: int) -> tuple[float, int]:
         """One optimizer step: (the step's mean loss over every rank, this rank's real tokens)."""

@@ -35,12 +35,28 @@ class _Stop:
         cls.requested = True
 
 
-def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float):
-    """Optimizers DeepSpeed does not build from its config; None means the config's AdamW."""
-    import torch
+def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float, hidden: int):
+    """Optimizers DeepSpeed does not build from its config; None means the config's AdamW. In
+    backward (in_backward.py): one per parameter, AdamW included, stepped from the backward with
+    the gradients averaged in buckets of hidden² elements (the memory model's reduce bucket)."""
+    if spec.optimizer_step == "in-backward":
+        from launcher.train import in_backward
 
+        def one(p):
+            return _one_optimizer(spec, p, lr, weight_decay)
+
+        return in_backward.optimizer(params, one, lr, hidden * hidden)
     if spec.optimizer == "adamw":
         return None
+    return _one_optimizer(spec, params, lr, weight_decay)
+
+
+def _one_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float):
+    import torch
+
+    if spec.optimizer == "adamw":  # in backward only (else DeepSpeed's, from the config)
+        # fused: one kernel per parameter on the GPU and on the CPU (no temporaries of its size)
+        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay, fused=True)
     if spec.optimizer == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
     if spec.optimizer == "adafactor":
@@ -203,11 +219,21 @@ def train(run_dir: Path) -> int:
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
 
     root = run_dir / "checkpoints"
-    layout = {"world": world, "tp": spec.tp, "pp": spec.pp, "zero_stage": spec.zero_stage}
+    layout = {"world": world, "tp": spec.tp, "pp": spec.pp, "zero_stage": spec.zero_stage,
+              "optimizer_step": spec.optimizer_step}
     found = _agreed_checkpoint(run_dir, root, rank)
     load_root = root
     saved = ckpt.saved_layout(found[1]) if found else None
-    if saved and (saved["world"], saved["tp"], saved.get("pp", 1)) != (world, spec.tp, spec.pp):
+    was_step = (saved or {}).get("optimizer_step", "after-backward")
+    if saved and was_step != spec.optimizer_step:
+        raise ckpt.CheckpointError(
+            f"{found[1].name} was written with --optimizer-step {was_step}, whose optimizer state has another form "
+            f"than {spec.optimizer_step}'s; plan again with --optimizer-step {was_step}"
+        )
+    if saved and spec.optimizer_step == "in-backward" and saved["world"] != world:
+        # ZeRO-0: every rank holds the whole model and optimizer state, so any GPU count loads it
+        _log(run_dir, rank, {"event": "resized", "from_world": saved["world"], "to_world": world})
+    elif saved and (saved["world"], saved["tp"], saved.get("pp", 1)) != (world, spec.tp, spec.pp):
         if spec.pp > 1 or saved.get("pp", 1) > 1:
             raise ckpt.CheckpointError(
                 f"{found[1].name} was written by {saved['world']} ranks at pp {saved.get('pp', 1)}; this "
@@ -219,10 +245,15 @@ def train(run_dir: Path) -> int:
         ds_config.setdefault("checkpoint", {})["load_universal"] = True
         _log(run_dir, rank, {"event": "universal", "from_world": saved["world"], "to_world": world})
     def optimizer_for(trained):
-        return _client_optimizer(spec, trained, cfg.lr, cfg.weight_decay)
+        from launcher.models.hf_config import arch_from_hf_config
+
+        hidden = arch_from_hf_config(run.model.hf_config, "model").hidden
+        return _client_optimizer(spec, trained, cfg.lr, cfg.weight_decay, hidden)
 
     trainer = engines.build(model, params, spec, ds_config, optimizer_for, schedule, rank, world, blocks)
     engine = trainer.ds
+    if spec.optimizer_step == "in-backward":
+        _log(run_dir, rank, {"event": "optimizer_in_backward", "parameters": len(params), "gradient_clipping": 0.0})
     device = engine.device
 
     if rank == 0:
