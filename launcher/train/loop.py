@@ -35,7 +35,7 @@ class _Stop:
         cls.requested = True
 
 
-def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float, hidden: int):
+def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float, hidden: int = 0):
     """Optimizers DeepSpeed does not build from its config; None means the config's AdamW. In
     backward (in_backward.py): one per parameter, AdamW included, stepped from the backward with
     the gradients averaged in buckets of hidden² elements (the memory model's reduce bucket)."""
