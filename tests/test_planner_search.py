@@ -123,7 +123,7 @@ def test_a_chunked_loss_is_slower_than_its_whole_twin():
         ("llama-3.1-8b", "8xA100-40GB", "full", 16384, 256, {}),
         # the optimizer step in backward searched (no accumulation) and found
         ("llama-3.1-8b", "2xRTX4090", "full", 2048, 2, dict(precision="bf16-pure", optimizer="paged-adamw-8bit")),
-        ("llama-3.2-1b", "1xRTX4090", "full", 2048, 2, dict(precision="fp32")),
+        ("llama-3.2-3b", "1xA100-40GB", "full", 2048, 2, dict(precision="bf16-pure")),
     ],
 )
 def test_pruning_loses_no_feasible_plan(model, gpus, method, seq, global_batch, extra):

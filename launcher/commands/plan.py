@@ -312,7 +312,7 @@ def _print_result(result, elapsed, top, scale_out, alternatives, cost, ablation)
     )
     out.print(
         f"{len(result.ranked):,} fit in {gib(req.budget)} GiB per GPU ({c.gpu_memory_gib:g} GiB less the "
-        f"{req.margin:.0%} margin), {node.cpu_memory_gib:,.0f} GiB host RAM and {node.nvme_gib:,.0f} GiB NVMe per node"
+        f"{req.margin * 100:g}% margin), {node.cpu_memory_gib:,.0f} GiB host RAM and {node.nvme_gib:,.0f} GiB NVMe per node"
     )
     out.print()
     if result.ranked:

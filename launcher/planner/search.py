@@ -155,7 +155,9 @@ def plan(request: Request, *, mode: str = "all") -> PlanResult:
             spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
             if any(twin in simpler_fits for twin in _simpler_twins(spec)):
                 # the same plan with the whole loss / the usual step fits and is faster or simpler:
-                # pruned (its group comes before this one: space.groups)
+                # pruned (its group comes before this one: space.groups). It needs no more memory
+                # than that twin, so it stands for a fitting plan to its own twins
+                simpler_fits.add(spec)
                 continue
             est, over_from = s.verdict(spec, accum)
             if est is not None:
