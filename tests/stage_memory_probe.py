@@ -1,11 +1,13 @@
-"""Each pipeline stage's activation peak measured in the real engine, against the memory model.
+"""Each pipeline stage's activation peak, and a data-parallel step's transient peak, measured in the
+real engine, against the memory model.
 
 Run as a script under torchrun it is a worker rank (python -m launcher.train RUN_DIR) whose
 second optimizer step runs inside tests/memtrack.ActivationPeak, writing that step's peak to
 $FTLAUNCH_PROBE_OUT/rank-N.json (the first step is left out: it allocates the buffers DeepSpeed
 keeps from then on). `measure_stages` writes a run directory, runs the ranks and pairs each
-stage's measurement with launcher/memory/estimate.stage_activations. Used by
-tests/test_pipeline_memory.py and bench/pipeline_memory.py."""
+stage's measurement with launcher/memory/estimate.stage_activations; `measure_step` the whole step
+of a pp 1 plan with the estimate. Used by tests/test_pipeline_memory.py, tests/test_zero3_memory.py
+and bench/pipeline_memory.py."""
 
 from __future__ import annotations
 
@@ -34,13 +36,12 @@ def long_records(path: Path, n: int = 64, words: int = 2000) -> Path:
     return path
 
 
-def measure_stages(root: Path, spec, gpus: str, hf_config: dict) -> list[tuple[float, float]]:
-    """(modelled, measured) activation bytes of each stage (its first data-parallel rank)."""
+def _run(root: Path, spec, gpus: str, hf_config: dict) -> Path:
+    """Write a run directory for `spec`, train its 2 steps with the probe on every rank; the
+    directory of the ranks' measurements."""
     import subprocess
 
     from launcher.hardware import parse_gpus
-    from launcher.memory.estimate import stage_activations
-    from launcher.models.hf_config import arch_from_hf_config
     from tests.runs import cpu_env, make_run
 
     root.mkdir(parents=True, exist_ok=True)
@@ -57,10 +58,43 @@ def measure_stages(root: Path, spec, gpus: str, hf_config: dict) -> list[tuple[f
                           timeout=600)  # fmt: skip
     if proc.returncode:
         raise RuntimeError(proc.stdout[-2000:] + proc.stderr[-3000:])
-    dp = world // spec.pp
+    return out
+
+
+def measure_stages(root: Path, spec, gpus: str, hf_config: dict) -> list[tuple[float, float]]:
+    """(modelled, measured) activation bytes of each stage (its first data-parallel rank)."""
+    from launcher.hardware import parse_gpus
+    from launcher.memory.estimate import stage_activations
+    from launcher.models.hf_config import arch_from_hf_config
+
+    out = _run(root, spec, gpus, hf_config)
+    dp = parse_gpus(gpus).world_size // spec.pp
     measured = [json.loads((out / f"rank-{s * dp}.json").read_text())["activation_peak"] for s in range(spec.pp)]
     modelled = stage_activations(arch_from_hf_config(hf_config, "probe"), spec, parse_gpus(gpus))
     return list(zip(modelled, measured, strict=True))
+
+
+def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, float]:
+    """(modelled, measured) bytes rank 0 allocates during a step of a pp 1 plan and frees by its end:
+    the peak of the second step's new storages, against the estimate's peak less what it counts as
+    kept from step to step (the weights' partition, master weights, optimizer states, persistent
+    gradient buffers and the reduce bucket, all made by the first step)."""
+    from launcher.hardware import parse_gpus
+    from launcher.memory import states as S
+    from launcher.memory.estimate import estimate
+    from launcher.models.hf_config import arch_from_hf_config
+
+    out = _run(root, spec, gpus, hf_config)
+    cluster = parse_gpus(gpus)
+    arch = arch_from_hf_config(hf_config, "probe")
+    dp = cluster.world_size // (spec.tp * spec.pp)
+    p = S.stage_params(arch, spec, arch.layers, True, True)
+    st = S.model_states(spec, p, dp, arch.hidden)
+    _, bucket = S.zero_buffers(spec, arch, p)
+    kept = st.weights + st.master + st.optimizer + bucket
+    kept += (st.grads if st.grads_persistent else 0.0) + (st.fp32_grads if st.fp32_grads_persistent else 0.0)
+    modelled = estimate(arch, spec, cluster).peak_allocated - kept
+    return modelled, json.loads((out / "rank-0.json").read_text())["peak"]
 
 
 def measured(step_fn):
@@ -71,7 +105,8 @@ def measured(step_fn):
         with ActivationPeak(self.ds.module.parameters()) as live:
             out = step_fn(self, batches, step)
         path = Path(os.environ["FTLAUNCH_PROBE_OUT"]) / f"rank-{os.environ['RANK']}.json"
-        path.write_text(json.dumps({"activation_peak": live.activation_peak}))
+        path.write_text(json.dumps({"activation_peak": live.activation_peak, "peak": live.peak,
+                                    "grad_peak": live.grad_peak}))  # fmt: skip
         return out
 
     return step
@@ -80,4 +115,4 @@ def measured(step_fn):
 if __name__ == "__main__":
     engines.Pipeline.step = measured(engines.Pipeline.step)
     engines.DataParallel.step = measured(engines.DataParallel.step)
-    sys.exit(loop.main())
+    loop.exit_process(loop.main())  # as the worker ends (loop.exit_process: a rare teardown abort with offload)
