@@ -34,7 +34,6 @@ def _optimizer_class():
 
             params = list(params)
             super().__init__(params, {"lr": lr})
-            self.make = make
             self.inner = [make([p]) for p in params]
             self.index = {id(p): i for i, p in enumerate(params)}
             self.world = dist.get_world_size(group) if dist.is_initialized() else 1
@@ -42,7 +41,6 @@ def _optimizer_class():
             self.bucket_elems = bucket_elems
             self.waiting: list[tuple[torch.nn.Parameter, object]] = []
             self.waiting_elems = 0
-            self.applied = 0  # parameters stepped since the last step() (a check for tests)
             for p in params:
                 p.register_post_accumulate_grad_hook(self._complete)
 
@@ -71,14 +69,11 @@ def _optimizer_class():
                 inner["lr"] = self.param_groups[0]["lr"]
             opt.step()
             p.grad = None
-            self.applied += 1
 
         @torch.no_grad()
         def step(self, closure=None):
             """The backward has stepped every parameter but the last bucket's: apply those."""
             self._drain()
-            applied, self.applied = self.applied, 0
-            return applied
 
         def zero_grad(self, set_to_none: bool = True) -> None:
             pass  # every gradient was freed when its parameter was stepped
