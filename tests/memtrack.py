@@ -77,13 +77,20 @@ class SavedBytes:
 
 
 class NewBytes(LiveBytes):
-    """LiveBytes that never takes a view for a new storage (a weight's transpose in a linear is a
-    view of the parameter, made before the block)."""
+    """LiveBytes that counts only storages an op allocates: never a view (a weight's transpose in
+    a linear is a view of the parameter, made before the block), nor the result of an in-place op
+    or an `out=` op, which writes into a storage one of its inputs brought (a buffer DeepSpeed
+    made before the block and fills again, such as ZeRO's gradient partition)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func.is_view:
             return func(*args, **(kwargs or {}))
-        return super().__torch_dispatch__(func, types, args, kwargs)
+        out = func(*args, **(kwargs or {}))
+        given = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.untyped_storage().data_ptr() not in given:
+                self._track(t)
+        return out
 
 
 class ActivationPeak(NewBytes):

@@ -78,7 +78,7 @@ def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, f
     """(modelled, measured) bytes rank 0 allocates during a step of a pp 1 plan and frees by its end:
     the peak of the second step's new storages, against the estimate's peak less what it counts as
     kept from step to step (the weights' partition, master weights, optimizer states, persistent
-    gradient buffers and the reduce bucket, all made by the first step)."""
+    gradient buffer of ZeRO-3 and the reduce bucket, all made by the first step)."""
     from launcher.hardware import parse_gpus
     from launcher.memory import states as S
     from launcher.memory.estimate import estimate
@@ -92,7 +92,9 @@ def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, f
     st = S.model_states(spec, p, dp, arch.hidden)
     _, bucket = S.zero_buffers(spec, arch, p)
     kept = st.weights + st.master + st.optimizer + bucket
-    kept += (st.grads if st.grads_persistent else 0.0) + (st.fp32_grads if st.fp32_grads_persistent else 0.0)
+    # ZeRO-3's gradient partition buffer is made once; every other gradient buffer (ZeRO-1/2's
+    # partition, accumulated gradients) is made in the step and freed by its end
+    kept += st.grads if spec.zero_stage == 3 else 0.0
     modelled = estimate(arch, spec, cluster).peak_allocated - kept
     return modelled, json.loads((out / "rank-0.json").read_text())["peak"]
 

@@ -58,6 +58,10 @@ STAGE3_MAX_LIVE_PARAMETERS = 1_000_000_000
 # (stage3_max_reuse_distance, DeepSpeed's default, which ds_configs/zero3.json keeps).
 STAGE3_PERSISTENCE_FACTOR = 10
 STAGE3_MAX_REUSE_DISTANCE = 1_000_000_000
+# Without ZeRO, DeepSpeed's engine all-reduces the gradients after the backward in buckets it
+# flattens: tensors are added until a bucket passes this many elements (engine.py
+# MEMORY_OPT_ALLREDUCE_SIZE; ds_config has no setting for it).
+ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
 # DeepSpeed's stage-3 optimizer converts 16-bit gradient partitions to fp32 one sub-group at a
 # time; the emitter sets sub_group_size to this many elements.
 STAGE3_SUB_GROUP_SIZE = 1_000_000_000

@@ -5,8 +5,11 @@ Peak per GPU is taken over the moments of a training step that compete for it:
                   the gradient buffers that persist (ZeRO-2/3 partitions, accumulation) exist;
   first block backward: one block's activations and its backward's working set, with every
                   other gradient not yet reduced away;
-  backward end:   tied embeddings: the LM head's and the embedding's gradients being summed;
-  optimizer step: activations are gone, every gradient and the fp32 gradient copy exist.
+  backward end:   every gradient exists, with DeepSpeed's reduce copies of them (ZeRO-0's
+                  flattened all-reduce bucket, ZeRO-1/2's partition buffer) or, with tied
+                  embeddings, the LM head's and the embedding's gradients being summed;
+  optimizer step: activations are gone; the gradients, the fp32 gradient and DeepSpeed's copies
+                  made to step on them (launcher/memory/transients.py) exist.
 persistent states (weights, master weights, optimizer states, ZeRO buffers) are there at both.
 Under pipeline parallelism the first stage (most micro-batches in flight) and the last stage
 (LM head and logits) are both evaluated and the larger is reported.
@@ -21,6 +24,7 @@ from launcher.hardware import ClusterSpec
 from launcher.memory import activations as A
 from launcher.memory import constants as C
 from launcher.memory import states as S
+from launcher.memory import transients as T
 from launcher.memory.memo import ArchMemo
 from launcher.memory.pipeline import engine_buffers
 from launcher.models.arch import ModelArch
@@ -166,36 +170,39 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     # to host RAM by the driver where there is not (its step walks the states page by page), so
     # they are no part of the peak that must fit (estimate: paged_overflow)
     resident_opt = 0.0 if spec.optimizer in PAGED_OPTIMIZERS else st.optimizer
-    base = st.weights + st.master + resident_opt + bucket + persistent_grads + persistent_fp32
+    base = st.weights + st.master + resident_opt + bucket
     # Three moments compete for the peak (bytes on top of `base`, by component):
     # all saved activations and the loss's working set (or, if larger, the last block's
     # recompute and backward after it); ZeRO-3's window of gathered parameters
-    start = {"zero_buffers": window, "activations": stored, "logits_loss": logits + held_logits}
+    start = {
+        "zero_buffers": window,
+        "activations": stored,
+        "logits_loss": logits + held_logits,
+        "gradients": persistent_grads + persistent_fp32,
+    }
     if after_loss > logits:
         start.update(activations=stored + after_loss, logits_loss=held_logits)
+    moments_g = T.gradient_moments(arch, spec, p, st, dp, first, last)
     moments = {
         "backward start": start,
+        "LM head backward": _head_backward(arch, spec, last, window, stored, held_logits, persistent_grads + persistent_fp32),
         # the first block's backward (recomputed if checkpointed): every later block's gradient
         # already exists unless ZeRO-2/3 reduced it away; matters when attention is unfused
         "first block backward": {
             "zero_buffers": window,
             "activations": A.first_block_backward(arch, spec, per_layer, targets) if first else 0.0,
-            "gradients": st.grads - persistent_grads,
+            "gradients": st.grads + persistent_fp32,
         },
-        # tied embeddings: the LM head's weight gradient waits in autograd's buffer until the
-        # embedding's arrives, then both are summed (3 gradient-sized tensors for a moment)
-        "backward end": {
-            "zero_buffers": window,
-            "gradients": _backward_end_grads(arch, spec, st, first, last),
-        },
-        # gathered parameters released; every gradient and the fp32 gradient copy exist
-        "optimizer step": {"gradients": (st.grads - persistent_grads) + (st.fp32_grads - persistent_fp32)},
+        # every gradient made, and DeepSpeed's copies of them (launcher/memory/transients.py)
+        "backward end": {"zero_buffers": window, "gradients": moments_g.backward_end},
+        # gathered parameters released; the fp32 gradient and DeepSpeed's copies for the step
+        "optimizer step": {"gradients": moments_g.optimizer_step},
     }
     phase = max(moments, key=lambda k: sum(moments[k].values()))
     now = moments[phase]
     comps = {
         "weights": st.weights,
-        "gradients": persistent_grads + persistent_fp32 + now.get("gradients", 0.0),
+        "gradients": now["gradients"],
         "master_weights": st.master,
         "optimizer_states": resident_opt,
         "activations": now.get("activations", 0.0),
@@ -206,14 +213,23 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     return allocated, comps, phase, st, p, per_layer.total, st.grads + st.fp32_grads
 
 
-def _backward_end_grads(arch, spec, st, first, last) -> float:
-    """Gradient bytes beyond the persistent buffers as the backward ends."""
-    tied = 0.0
-    if arch.tied_embeddings and spec.method == "full" and first and last:
-        tied = arch.embed_matrix_params * (4 if spec.precision == "fp32" else 2) / spec.tp
-    if spec.zero_stage < 2:  # every gradient is kept as it comes (DeepSpeed reduces after backward)
-        return (0.0 if st.grads_persistent else st.grads) + 2 * tied
-    return 3 * tied  # ZeRO-2/3 reduce each gradient into the partition as it comes
+def _head_backward(arch, spec, last, window, stored, held_logits, persistent) -> dict[str, float]:
+    """The LM head's backward, once the loss's has left only the logits' gradient (in the compute
+    dtype): every activation is still saved, and the head's weight gradient (trained under full
+    fine-tuning; not split by tensor parallelism) and input gradient are made. Beats the loss's
+    own working set below about hidden x 2 / 10 tokens per micro-batch. The chunked loss counts
+    its head gradient in its own term (activations.logits_bytes)."""
+    if not last or A.chunked_loss(spec):
+        return {"gradients": persistent}
+    e = 4 if spec.precision == "fp32" else 2
+    tokens = spec.micro_batch * spec.seq_len
+    head = (arch.lm_head_params or arch.embed_matrix_params) * S.trained_bytes(spec) if spec.method == "full" else 0.0
+    return {
+        "zero_buffers": window,
+        "activations": stored,
+        "logits_loss": tokens * (arch.vocab + arch.hidden) * e + held_logits,
+        "gradients": persistent + head,
+    }
 
 
 def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate:

@@ -217,7 +217,7 @@ class States:
     grads_persistent: bool  # a DeepSpeed buffer that exists for the whole step
     master: float
     optimizer: float
-    fp32_grads: float  # fp32 gradient copy the optimizer steps on (mixed precision)
+    fp32_grads: float  # fp32 gradient the optimizer steps on (mixed precision)
     fp32_grads_persistent: bool
     host: float  # offloaded states on host RAM (per rank)
     nvme: float  # offloaded states on NVMe (per rank)
@@ -244,8 +244,13 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int, hidden: int = 0) -> S
     master = p.trainable * 4 if mixed(spec) else 0.0
     opt = optimizer_bytes(spec, p)
     fp32g = p.trainable * 4 if mixed(spec) else 0.0
+    # bf16 in a pipeline without ZeRO runs DeepSpeed's BF16_Optimizer: master weights and optimizer
+    # states partitioned over the data-parallel ranks, the fp32 gradient buffer whole
+    bf16_optimizer = stage == 0 and spec.precision == "bf16" and spec.pp > 1
+    if stage >= 1 or bf16_optimizer:
+        master, opt = master / dp, opt / dp
     if stage >= 1:
-        master, opt, fp32g = master / dp, opt / dp, fp32g / dp
+        fp32g /= dp
     if stage >= 2:
         grads /= dp
     if stage == 3:
@@ -277,11 +282,13 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int, hidden: int = 0) -> S
         nvme += weights
         host += C.NVME_PARAM_BUFFERS * 2
         weights = 0.0
-    # Which gradient buffers exist during the forward/backward (not only at the step):
-    #   ZeRO-2/3 keep a contiguous partition buffer; stage 0 under bf16 keeps DeepSpeed's fp32
-    #   accumulation buffer; with accumulation > 1 every gradient survives between micro-batches.
-    grads_persistent = stage >= 2 or spec.grad_accum > 1
-    fp32_persistent = stage == 0 and spec.precision == "bf16"
+    # Which gradient buffers exist during the forward/backward (not only at the step): ZeRO-3's
+    # contiguous partition buffer (made once); BF16_Optimizer's fp32 gradient buffer; with
+    # accumulation > 1 every gradient (ZeRO-2: its partition buffer) survives between
+    # micro-batches. ZeRO-2 makes its partition buffer in each backward and frees it after the
+    # step; what else lives around the step is launcher/memory/transients.py's.
+    grads_persistent = stage == 3 or spec.grad_accum > 1
+    fp32_persistent = bf16_optimizer
     return States(weights, grads, grads_persistent, master, opt, fp32g, fp32_persistent, host, nvme)
 
 

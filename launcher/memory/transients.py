@@ -1,0 +1,89 @@
+"""Gradient memory around DeepSpeed's optimizer step: the short-lived copies its engine makes as the
+backward ends and while it steps, on top of the gradient buffers `states.model_states` counts.
+
+Read from DeepSpeed 0.19's code and measured in its own engine on 2 CPU ranks, where model states
+set the peak (tests/test_zero_memory.py, live bytes of every storage a step allocates):
+  * ZeRO-0 flattens the gradients into all-reduce buckets after the backward (engine.py
+    allreduce_no_retain: tensors are added until a bucket passes 5e8 elements, then it is flattened,
+    all-reduced and copied back), even on one rank;
+  * ZeRO-0 with fp16, or bf16 outside a pipeline, runs FP16_Optimizer (DeepSpeed's DDP_BFLOAT16, not
+    BF16_Optimizer): at the step it casts every gradient to fp32, flattens the casts into the fp32
+    gradient the master weights step on, then frees the 16-bit gradients: 2 + 4 + 4 bytes per
+    parameter for a moment, and no fp32 gradient buffer during the backward;
+  * ZeRO-1/2 copy each reduced gradient of the rank's partition into a partition buffer made in
+    the backward and freed after the step; ZeRO-1 keeps the other gradients until the step. At the
+    step they take the gradient norm one partition piece at a time in fp64 (8 bytes per element),
+    then flatten the partition (a copy in the gradient dtype) and cast it to fp32;
+  * ZeRO-3 flattens each sub-group of its gradient partition before casting it to fp32;
+  * with the optimizer offloaded, ZeRO-1/2 take each piece's fp64 norm on the GPU in the backward
+    and clone gradients larger than the reduce bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.memory import constants as C
+from launcher.memory import states as S
+from launcher.models.arch import ModelArch
+from launcher.spec import TrainSpec
+
+
+@dataclass(frozen=True)
+class GradientMoments:
+    """All gradient bytes (persistent buffers included) at two moments of a step."""
+
+    backward_end: float
+    optimizer_step: float
+
+
+def fp16_optimizer(spec: TrainSpec) -> bool:
+    """DeepSpeed steps this configuration with FP16_Optimizer: no ZeRO and 16-bit mixed precision,
+    except bf16 in a pipeline (BF16_Optimizer)."""
+    return spec.zero_stage == 0 and (spec.precision == "fp16" or (spec.precision == "bf16" and spec.pp == 1))
+
+
+def gradient_moments(
+    arch: ModelArch, spec: TrainSpec, p: S.StageParams, st: S.States, dp: int, first: bool, last: bool
+) -> GradientMoments:
+    stage = spec.zero_stage
+    gbytes = S.trained_bytes(spec)
+    persistent = (st.grads if st.grads_persistent else 0.0) + (st.fp32_grads if st.fp32_grads_persistent else 0.0)
+    grads = st.grads - (st.grads if st.grads_persistent else 0.0)  # made during this step
+    fp32 = st.fp32_grads - (st.fp32_grads if st.fp32_grads_persistent else 0.0)
+    largest = min(p.largest_module, p.trainable)  # the largest gradient (elements)
+    part = p.trainable / dp  # a ZeRO-1/2/3 rank's partition
+    tied = 0.0  # tied embeddings: the LM head's gradient waits for the embedding's, then both are summed
+    if arch.tied_embeddings and spec.method == "full" and first and last:
+        tied = arch.embed_matrix_params * (4 if spec.precision == "fp32" else 2) / spec.tp
+    offload = spec.offload_optimizer != "none"
+    if stage == 0:
+        end = persistent + grads + 2 * tied
+        if spec.optimizer_step != "in-backward" and spec.pp == 1:
+            bucket = min(p.trainable, C.ALLREDUCE_BUCKET_ELEMENTS + largest) * gbytes
+            end = persistent + grads + max(2 * tied, bucket)  # flattened after the backward, not during it
+        step = persistent + grads + fp32
+        if fp16_optimizer(spec):
+            step += p.trainable * 4  # fp32 casts of every gradient, flattened into `fp32`
+        return GradientMoments(end, step)
+    norm = 8 * min(largest, part)  # fp64 copy of one partition piece
+    if offload and stage in (1, 2):
+        # each piece's norm and its copy to the host happen in the backward; the step runs on the host
+        # (a gradient larger than the reduce bucket is cloned first; the clone replaces it)
+        clone = largest * gbytes if largest > arch.hidden * arch.hidden else 0.0
+        end = persistent + grads + max(3 * tied, largest * gbytes + max(clone, norm))
+        return GradientMoments(end, persistent + grads)
+    if stage == 3:
+        flat = 0.0 if offload else gbytes * min(part, C.STAGE3_SUB_GROUP_SIZE)
+        return GradientMoments(persistent + grads + 3 * tied, persistent + grads + fp32 + flat)
+    flat = gbytes * part
+    if stage == 1:
+        # the partition's gradients move into the partition buffer as they come (one in flight),
+        # the others stay until the step
+        buffer = gbytes * part
+        end = persistent + grads + max(2 * tied, min(largest, part) * gbytes)
+        return GradientMoments(end, buffer + max(norm, fp32 + flat))
+    # ZeRO-2: `grads` is the partition buffer; each gradient lives until it is reduced into it
+    return GradientMoments(
+        persistent + grads + max(3 * tied, largest * gbytes), persistent + grads + max(norm, fp32 + flat)
+    )
