@@ -94,8 +94,10 @@ def test_its_state_resumes_the_same_updates():
 def test_memory_of_a_step_is_the_models(step):
     """A step (after a first one made the optimizer states) on a model whose gradients dominate
     (bf16-pure, 1 x 32 tokens, full recompute): the gradient bytes alive at once are the memory
-    model's term (every gradient after the backward; the largest parameter's in backward), and the
-    whole step's peak of new storages is its estimate less the weights and states made before."""
+    model's term (every gradient after the backward; the largest parameter's in backward), and in
+    backward the whole step's peak of new storages is its estimate less the weights and states made
+    before. (After the backward DeepSpeed's engine also flattens its all-reduce bucket, which this
+    plain loop does not: tests/test_zero_memory.py measures that step in the engine.)"""
     spec = TrainSpec(precision="bf16-pure", micro_batch=1, seq_len=32, grad_ckpt="full", optimizer_step=step)
     model = _model("bf16-pure", "full")
     params = list(model.parameters())
@@ -109,9 +111,9 @@ def test_memory_of_a_step_is_the_models(step):
     est = estimate(ARCH, spec, parse_gpus("1xA100"))
     c = est.components
     assert tracker.grad_peak == pytest.approx(est.gradients_full, rel=0.05)
-    made_before = c["weights"] + c["optimizer_states"] + c["master_weights"]
-    assert tracker.peak == pytest.approx(est.peak_allocated - made_before, rel=0.05)
     if step == "in-backward":
+        made_before = c["weights"] + c["optimizer_states"] + c["master_weights"]
+        assert tracker.peak == pytest.approx(est.peak_allocated - made_before, rel=0.05)
         whole = sum(p.numel() * p.element_size() for p in params)
         assert tracker.grad_peak < 0.4 * whole  # one 1.05M embedding-sized matrix of the 2.84M parameters
 
