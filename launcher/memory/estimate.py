@@ -183,6 +183,7 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     if after_loss > logits:
         start.update(activations=stored + after_loss, logits_loss=held_logits)
     moments_g = T.gradient_moments(arch, spec, p, st, dp, first, last)
+    e = 4 if spec.precision == "fp32" else 2
     moments = {
         "backward start": start,
         "LM head backward": _head_backward(arch, spec, last, window, stored, held_logits, persistent_grads + persistent_fp32),
@@ -194,7 +195,8 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
             "gradients": st.grads + persistent_fp32,
         },
         # every gradient made, and DeepSpeed's copies of them (launcher/memory/transients.py)
-        "backward end": {"zero_buffers": window, "gradients": moments_g.backward_end},
+        # (ZeRO-3 has released all but the first module it gathered: the embedding)
+        "backward end": {"zero_buffers": min(window, p.largest_module * e), "gradients": moments_g.backward_end},
         # gathered parameters released; the fp32 gradient and DeepSpeed's copies for the step
         "optimizer step": {"gradients": moments_g.optimizer_step},
     }

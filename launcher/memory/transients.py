@@ -78,12 +78,24 @@ def gradient_moments(
         return GradientMoments(persistent + grads + 3 * tied, persistent + grads + fp32 + flat)
     flat = gbytes * part
     if stage == 1:
-        # the partition's gradients move into the partition buffer as they come (one in flight),
-        # the others stay until the step
         buffer = gbytes * part
-        end = persistent + grads + max(2 * tied, min(largest, part) * gbytes)
+        end = persistent + grads + _zero1_arrival(arch, spec, tied, largest, part, persistent > 0)
         return GradientMoments(end, buffer + max(norm, fp32 + flat))
     # ZeRO-2: `grads` is the partition buffer; each gradient lives until it is reduced into it
     return GradientMoments(
         persistent + grads + max(3 * tied, largest * gbytes), persistent + grads + max(norm, fp32 + flat)
     )
+
+
+def _zero1_arrival(arch, spec, tied: float, largest: float, part: float, accumulated: bool) -> float:
+    """ZeRO-1: gradient bytes beyond every gradient of the step as the last one arrives on rank 0,
+    whose partition starts with the embedding (the last gradient of the backward). The partition's
+    gradients move into the partition buffer as they come, so only the one in flight is extra.
+    With tied embeddings the LM head's and the embedding's gradients and their sum are alive; the
+    buffer is already there if rank 0's partition reaches past the embedding, and with
+    accumulation the embedding's earlier gradient waits too (both measured: DeepSpeed's engine
+    where the partition is smaller than the embedding, the trace where it is larger)."""
+    if not tied:
+        return min(largest, part) * S.trained_bytes(spec)
+    buffered = part > arch.embed_matrix_params / spec.tp
+    return (3 if buffered or accumulated else 2) * tied + (tied if buffered and accumulated else 0.0)

@@ -129,6 +129,7 @@ def trace_step(req: dict) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from launcher.spec import TrainSpec
+    from launcher.trace.ds_grads import GradientFlow
     from launcher.trace.tracker import CategoryTracker
     from launcher.trace.zero3 import Zero3Gather
     from launcher.train.model import build_model, torch_dtype
@@ -218,15 +219,9 @@ def trace_step(req: dict) -> dict:
         opt = None if in_backward else _optimizer(torch, spec, opt_params)
         inner = {id(p): _optimizer(torch, spec, [p]) for p in trainable} if in_backward else {}
         waiting: list = []  # in backward: gradients waiting for their all-reduce (in_backward.py)
-        # ZeRO-2/3 reduce each gradient into the partition as soon as it is accumulated;
-        # ZeRO-0/1 keep them all until the backward ends (bf16 ZeRO-0: BF16_Optimizer's
-        # immediate_grad_update is off by default, it copies into its fp32 buffer after)
-        reduce_now = stage >= 2
-        if stage >= 2 and not offload_opt:  # the reduced gradient partition
+        flow = GradientFlow(torch, spec, tracker, trainable, dp, hidden)  # DeepSpeed's (ds_grads.py)
+        if stage == 3 and not offload_opt:  # the reduced gradient partition, made once
             keep.append(_flat(torch, n_train / dp * gsize, torch.uint8, tracker, "gradients"))
-        fp32_acc = None
-        if mixed and stage == 0 and spec.precision == "bf16":
-            fp32_acc = _flat(torch, n_train * 4, torch.uint8, tracker, "gradients")
 
         def drain():
             phase, moment = tracker.phase, tracker.moment
@@ -246,10 +241,8 @@ def trace_step(req: dict) -> dict:
                 waiting.append(p)
                 if dp == 1 or sum(q.numel() for q in waiting) >= hidden * hidden:
                     drain()
-            elif reduce_now:
-                p.grad = None  # reduced into the persistent partition
             else:
-                tracker.add(p.grad, "gradients")
+                flow.arrived(p)
 
         for p in trainable:
             p.register_post_accumulate_grad_hook(on_grad)
@@ -282,19 +275,19 @@ def trace_step(req: dict) -> dict:
                     _progress(f"step {step}: backward")
                     tracker.phase, tracker.moment = "logits_loss", "backward"
                     moments[f"step {step}.{micro + 1} backward start"] = tracker.total
+                    flow.boundary = micro == micro_batches - 1
                     loss.backward()
                     del loss
+                if not in_backward:
+                    tracker.phase, tracker.moment = "gradients", "backward end"
+                    flow.backward_end()
                 # DeepSpeed's fused Adam updates in place; torch's single-tensor AdamW makes
                 # parameter-sized temporaries: not counted, the states it keeps are
                 tracker.phase, tracker.moment = "optimizer_temporaries", "optimizer step"
                 _progress(f"step {step}: optimizer step")
                 if parts and not offload_opt:
                     for part in parts:  # one partition (ZeRO-3: sub-group) at a time
-                        if fp32_acc is not None:
-                            g = fp32_acc.view(part.dtype)[: part.numel()]
-                        else:
-                            g = torch.empty(part.shape, dtype=part.dtype)
-                            tracker.add(g, "gradients" if mixed else "partition_view")
+                        g = flow.step_gradient(part)
                         part.grad = g
                         opt.step()
                         _count_states(tracker, opt)
@@ -305,8 +298,7 @@ def trace_step(req: dict) -> dict:
                 elif not parts:
                     opt.step()
                     _count_states(tracker, opt)
-                for p in trainable:
-                    p.grad = None
+                flow.step_done()
                 if zero3 is not None:
                     zero3.end_recording()
     return {
