@@ -75,7 +75,7 @@ def measure_stages(root: Path, spec, gpus: str, hf_config: dict) -> list[tuple[f
 
 
 def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, float]:
-    """(modelled, measured) bytes rank 0 allocates during a step of a pp 1 plan and frees by its end:
+    """(modelled, measured) bytes the busiest rank allocates during a step of a pp 1 plan and frees by its end:
     the peak of the second step's new storages, against the estimate's peak less what it counts as
     kept from step to step (the weights' partition, master weights, optimizer states, persistent
     gradient buffer of ZeRO-3 and the reduce bucket, all made by the first step)."""
@@ -96,7 +96,8 @@ def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, f
     # partition, accumulated gradients) is made in the step and freed by its end
     kept += st.grads if spec.zero_stage == 3 else 0.0
     modelled = estimate(arch, spec, cluster).peak_allocated - kept
-    return modelled, json.loads((out / "rank-0.json").read_text())["peak"]
+    # the model counts the busiest rank (ZeRO-1/2: the one whose partition holds a gradient's piece)
+    return modelled, max(json.loads(f.read_text())["peak"] for f in out.glob("rank-*.json"))
 
 
 def measured(step_fn):

@@ -123,8 +123,8 @@ CASES = [
                                          optimizer_step="in-backward")),
     # 128 tokens: the gradients and DeepSpeed's copies of them set the peak (memory/transients.py):
     # FP16_Optimizer's fp32 casts, ZeRO-0's all-reduce bucket, ZeRO-1's partition buffer with tied
-    # embeddings (with accumulation too), ZeRO-2's flattened partition, its offloaded pieces' fp64
-    # norms, ZeRO-3's LM head backward
+    # embeddings (with accumulation too), ZeRO-2's flattened partition, offloaded pieces' fp64
+    # norms (ZeRO-1/2/3), ZeRO-3's LM head backward
     ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=1, seq_len=128)),
     ("llama-3.2-1b", "2xA100-80GB", dict(micro_batch=1, seq_len=128, precision="fp32")),
     ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=128, zero_stage=1, precision="fp32")),
@@ -132,6 +132,8 @@ CASES = [
     ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=128, zero_stage=2)),
     ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=128, zero_stage=2, offload_optimizer="cpu")),
     ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=128, zero_stage=3, precision="fp32")),
+    ("llama-3.2-1b", "4xA100-80GB", dict(micro_batch=1, seq_len=128, zero_stage=1, offload_optimizer="cpu")),
+    ("qwen2.5-0.5b", "4xA100-80GB", dict(micro_batch=1, seq_len=128, zero_stage=3, offload_optimizer="cpu")),
     # falcon modifies a module's output in place: ZeRO-3's backward triggers must not hand out views
     ("falcon-40b", "8xH100-80GB", dict(micro_batch=1, seq_len=1024, zero_stage=3, grad_ckpt="full")),
 ]

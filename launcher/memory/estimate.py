@@ -186,7 +186,7 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     e = 4 if spec.precision == "fp32" else 2
     moments = {
         "backward start": start,
-        "LM head backward": _head_backward(arch, spec, last, window, stored, held_logits, persistent_grads + persistent_fp32),
+        "LM head backward": _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persistent_grads + persistent_fp32),
         # the first block's backward (recomputed if checkpointed): every later block's gradient
         # already exists unless ZeRO-2/3 reduced it away; matters when attention is unfused
         "first block backward": {
@@ -215,23 +215,30 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     return allocated, comps, phase, st, p, per_layer.total, st.grads + st.fp32_grads
 
 
-def _head_backward(arch, spec, last, window, stored, held_logits, persistent) -> dict[str, float]:
+def _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persistent) -> dict[str, float]:
     """The LM head's backward, once the loss's has left only the logits' gradient (in the compute
     dtype): every activation is still saved, and the head's weight gradient (trained under full
     fine-tuning; not split by tensor parallelism) and input gradient are made. Beats the loss's
     own working set below about hidden x 2 / 10 tokens per micro-batch. The chunked loss counts
-    its head gradient in its own term (activations.logits_bytes)."""
+    its head gradient in its own term (activations.logits_bytes). With the optimizer offloaded,
+    DeepSpeed then takes the fp64 norm of the rank's piece of the gradient (transients.offload_norm),
+    the logits' gradient gone and, under ZeRO-3, the head's gathered weight released."""
     if not last or A.chunked_loss(spec):
         return {"gradients": persistent}
     e = 4 if spec.precision == "fp32" else 2
     tokens = spec.micro_batch * spec.seq_len
-    head = (arch.lm_head_params or arch.embed_matrix_params) * S.trained_bytes(spec) if spec.method == "full" else 0.0
-    return {
+    elements = (arch.lm_head_params or arch.embed_matrix_params) if spec.method == "full" else 0.0
+    grad = elements * S.trained_bytes(spec)
+    made = {
         "zero_buffers": window,
         "activations": stored,
         "logits_loss": tokens * (arch.vocab + arch.hidden) * e + held_logits,
-        "gradients": persistent + head,
+        "gradients": persistent + grad,
     }
+    norm = T.offload_norm(arch, spec, elements, p.trainable, dp)
+    released = elements * e if spec.zero_stage == 3 else 0.0
+    normed = {"zero_buffers": max(0.0, window - released), "activations": stored, "gradients": persistent + grad + norm}
+    return max(made, normed, key=lambda m: sum(m.values()))
 
 
 def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate:

@@ -15,8 +15,12 @@ set the peak (tests/test_zero_memory.py, live bytes of every storage a step allo
     step they take the gradient norm one partition piece at a time in fp64 (8 bytes per element),
     then flatten the partition (a copy in the gradient dtype) and cast it to fp32;
   * ZeRO-3 flattens each sub-group of its gradient partition before casting it to fp32;
-  * with the optimizer offloaded, ZeRO-1/2 take each piece's fp64 norm on the GPU in the backward
-    and clone gradients larger than the reduce bucket.
+  * with the optimizer offloaded, ZeRO-1/2/3 take each piece's fp64 norm on the GPU in the
+    backward before copying it to the host, and ZeRO-1/2 clone gradients larger than the reduce
+    bucket (`offload_norm`; the LM head's is a moment of its own, estimate._head_backward);
+  * tied embeddings: the LM head's and the embedding's gradients and their sum are alive at once
+    as the backward ends (with accumulation also the earlier sum).
+The busiest rank is counted (ZeRO-1/2 partitions differ by rank).
 """
 
 from __future__ import annotations
@@ -68,18 +72,19 @@ def gradient_moments(
         return GradientMoments(end, step)
     norm = 8 * min(largest, part)  # fp64 copy of one partition piece
     if offload and stage in (1, 2):
-        # each piece's norm and its copy to the host happen in the backward; the step runs on the host
-        # (a gradient larger than the reduce bucket is cloned first; the clone replaces it)
-        clone = largest * gbytes if largest > arch.hidden * arch.hidden else 0.0
-        end = persistent + grads + max(3 * tied, largest * gbytes + max(clone, norm))
-        return GradientMoments(end, persistent + grads)
+        # each piece's norm and its copy to the host happen in the backward, and the copied
+        # gradient is freed (ZeRO-1 keeps the other partitions'); the step runs on the host
+        if stage == 1:
+            grads -= min(grads, gbytes * part)
+        arriving = largest * gbytes + offload_norm(arch, spec, largest, p.trainable, dp)
+        return GradientMoments(persistent + grads + max(3 * tied, arriving), persistent + grads)
     if stage == 3:
         flat = 0.0 if offload else gbytes * min(part, C.STAGE3_SUB_GROUP_SIZE)
         return GradientMoments(persistent + grads + 3 * tied, persistent + grads + fp32 + flat)
     flat = gbytes * part
     if stage == 1:
         buffer = gbytes * part
-        end = persistent + grads + _zero1_arrival(arch, spec, tied, largest, part, persistent > 0)
+        end = persistent + grads + _zero1_arrival(spec, tied, largest, part, persistent > 0)
         return GradientMoments(end, buffer + max(norm, fp32 + flat))
     # ZeRO-2: `grads` is the partition buffer; each gradient lives until it is reduced into it
     return GradientMoments(
@@ -87,15 +92,26 @@ def gradient_moments(
     )
 
 
-def _zero1_arrival(arch, spec, tied: float, largest: float, part: float, accumulated: bool) -> float:
-    """ZeRO-1: gradient bytes beyond every gradient of the step as the last one arrives on rank 0,
-    whose partition starts with the embedding (the last gradient of the backward). The partition's
-    gradients move into the partition buffer as they come, so only the one in flight is extra.
-    With tied embeddings the LM head's and the embedding's gradients and their sum are alive; the
-    buffer is already there if rank 0's partition reaches past the embedding, and with
-    accumulation the embedding's earlier gradient waits too (both measured: DeepSpeed's engine
-    where the partition is smaller than the embedding, the trace where it is larger)."""
+def offload_norm(arch: ModelArch, spec: TrainSpec, elements: float, trainable: float, dp: int) -> float:
+    """With the optimizer offloaded, what DeepSpeed makes on the GPU beside a gradient of `elements`
+    as it arrives: the fp64 norm of the rank's piece of it (ZeRO-3: its partition, 1/dp; ZeRO-1/2:
+    as much as the rank's partition holds), and under ZeRO-1/2 a clone of a gradient larger than
+    the reduce bucket (hidden² elements), which replaces it."""
+    if spec.offload_optimizer == "none" or spec.zero_stage == 0:
+        return 0.0
+    if spec.zero_stage == 3:  # in chunks of 2.5e8 elements (stage3.py _constant_buffered_norm2)
+        return 8 * min(elements / dp, 2.5e8)
+    clone = elements * S.trained_bytes(spec) if elements > arch.hidden * arch.hidden else 0.0
+    return max(clone, 8 * min(elements, trainable / dp))
+
+
+def _zero1_arrival(spec, tied: float, largest: float, part: float, accumulated: bool) -> float:
+    """ZeRO-1: gradient bytes beyond every gradient of the step as the last one arrives. The rank's
+    partition's gradients move into the partition buffer as they come, so only the one in flight is
+    extra. With tied embeddings the LM head's and the embedding's gradients and their sum are alive
+    beside the buffer on the ranks whose partition does not hold the embedding (3 gradient-sized
+    tensors), and with accumulation also the embedding's earlier gradient (4): measured in
+    DeepSpeed's engine (busiest rank) and in the trace."""
     if not tied:
         return min(largest, part) * S.trained_bytes(spec)
-    buffered = part > arch.embed_matrix_params / spec.tp
-    return (3 if buffered or accumulated else 2) * tied + (tied if buffered and accumulated else 0.0)
+    return (3 + int(accumulated)) * tied

@@ -9,18 +9,19 @@ arrives, what it copies as the backward ends, and the copies it makes to step on
           partition buffer at the last micro-batch (rank 0 here: the first parameters in order).
   ZeRO-2  each gradient is reduced into the partition buffer (made at the first one) and freed;
           with the optimizer offloaded, each is cloned if larger than the reduce bucket and its
-          fp64 norm taken on the GPU, then copied to the host.
+          fp64 norm taken on the GPU, then copied to the host and freed (ZeRO-1: its partition's).
   ZeRO-1/2 at the step: the fp64 norm of one partition piece, then the flattened partition and its
           fp32 cast.
-  ZeRO-3  each gradient is reduced into the persistent partition (laid out by the caller); at the
-          step each sub-group is flattened, then cast to fp32.
+  ZeRO-3  each gradient is reduced into the persistent partition (laid out by the caller), with the
+          optimizer offloaded after the fp64 norm of its piece; at the step each sub-group is
+          flattened, then cast to fp32.
 """
 
 from __future__ import annotations
 
 import math
 
-ALLREDUCE_BUCKET_ELEMENTS = 500_000_000  # launcher/memory/constants.py says where it comes from
+from launcher.memory.constants import ALLREDUCE_BUCKET_ELEMENTS
 
 
 class GradientFlow:
@@ -33,6 +34,7 @@ class GradientFlow:
         self.fp16_optimizer = self.stage == 0 and self.mixed
         self.n_train = sum(p.numel() for p in trainable)
         self.gsize = trainable[0].element_size() if trainable else 4
+        self.dp = dp
         self.part = math.ceil(self.n_train / (dp if self.stage >= 1 else 1))
         self.largest = max((p.numel() for p in trainable), default=0)
         self.bucket = hidden * hidden  # the reduce bucket the emitter sets
@@ -62,6 +64,8 @@ class GradientFlow:
         """A parameter's gradient is complete (post-accumulate hook)."""
         stage = self.stage
         if stage == 3:
+            if self.offload:  # the fp64 norm of the rank's piece, in chunks of 2.5e8 elements
+                self._temp(8 * min(p.numel() / self.dp, 2.5e8))
             p.grad = None  # reduced into the persistent partition
             return
         if stage == 0 or (stage == 1 and not self.boundary):
@@ -71,8 +75,8 @@ class GradientFlow:
             if p.numel() > self.bucket:
                 self._temp(p.numel() * self.gsize)
             self._temp(8 * min(p.numel(), self.part))
-            if stage == 2:
-                p.grad = None
+            if stage == 2 or id(p) in self.in_partition:
+                p.grad = None  # copied to the host (ZeRO-1 keeps the other partitions' gradients)
             else:
                 self.tracker.add(p.grad, "gradients")
             return
