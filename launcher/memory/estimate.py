@@ -222,8 +222,9 @@ def _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persist
     fine-tuning; not split by tensor parallelism) and input gradient are made. Beats the loss's
     own working set below about hidden x 2 / 10 tokens per micro-batch. The chunked loss counts
     its head gradient in its own term (activations.logits_bytes). With the optimizer offloaded,
-    DeepSpeed then takes the fp64 norm of the rank's piece of the gradient (transients.offload_norm),
-    the logits' gradient gone and, under ZeRO-3, the head's gathered weight released."""
+    DeepSpeed then takes the fp64 norm of the rank's piece of an untied head's gradient
+    (transients.offload_norm), the logits' gradient gone and, under ZeRO-3, the head's gathered
+    weight released; a tied head's gradient is reduced only with the embedding's, at the end."""
     if not last or A.chunked_loss(spec):
         return {"gradients": persistent}
     e = 4 if spec.precision == "fp32" else 2
@@ -236,6 +237,8 @@ def _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persist
         "logits_loss": tokens * (arch.vocab + arch.hidden) * e + held_logits,
         "gradients": persistent + grad,
     }
+    if not arch.lm_head_params:  # tied: the gradient is complete (and reduced) only at the embedding
+        return made
     norm = T.offload_norm(arch, spec, elements, p.trainable, dp)
     released = elements * e if spec.zero_stage == 3 else 0.0
     normed = {"zero_buffers": max(0.0, window - released), "activations": stored, "gradients": persistent + grad + norm}
