@@ -26,6 +26,7 @@ class NodeSpec:
     nvme_bandwidth_gbs: float  # aggregate per node
     inter_node_bandwidth_gbs: float  # per node, one direction
     cpu_cores: int
+    host_memory_bandwidth_gbs: float  # per node, the DRAM channels' theoretical rate
 
 
 @dataclass(frozen=True)
@@ -70,29 +71,36 @@ class ClusterSpec:
 
 # --- Node defaults -----------------------------------------------------------------------------------
 # Per-GPU shares of a reference node (a smaller slice of it gets its share, as cloud VMs do), with floors.
-# Fields: host RAM GiB, NVMe GiB, NVMe GB/s, inter-node GB/s (one direction), CPU cores.
+# Fields: host RAM GiB, NVMe GiB, NVMe GB/s, inter-node GB/s (one direction), CPU cores, host memory
+# GB/s (the CPUs' DRAM channels x their transfer rate: what CPU Adam streams its states through).
 _NODE_CLASS = {
-    # DGX-1 (V100): 512 GiB, 4 x 1.92 TB SATA SSD (~2 GB/s), 4 x 100 Gb/s EDR IB, 40 cores
-    "dgx-v100": (64, 894, 0.25, 6.25, 5),
-    # DGX A100: 1 TiB, 15 TB NVMe (~24 GB/s read), 8 x 200 Gb/s HDR IB = 200 GB/s, 128 cores
-    "hgx-a100": (128, 1746, 3.0, 25, 16),
-    # DGX H100 / H200: 2 TiB, 8 x 3.84 TB NVMe (~40 GB/s), 112 cores. Network taken as 8 x 200 Gb/s
-    # (200 GB/s), common in H100 clouds; DGX H100 and p5-class nodes have 400: --inter-node-bandwidth 400
-    "hgx-h100": (256, 3492, 5.0, 25, 14),
-    # DGX B200: 2 TiB (up to 4), 8 x 3.84 TB NVMe, 8 x 400 Gb/s = 400 GB/s, 112 cores
-    "hgx-b200": (256, 3492, 5.0, 50, 14),
-    # 8 x MI300X OAM servers (e.g. Azure ND MI300X v5 class): ~2 TiB, ~28 TB NVMe, 8 x 400 Gb/s, 128 cores
-    "oam-mi300x": (256, 3492, 5.0, 50, 16),
-    # GH200 superchip: one GPU beside a 72-core Grace with 480 GB LPDDR5X (~450 GiB usable), its
-    # own NVMe (4 TB, ~7 GB/s), one 400 Gb/s NIC per superchip (NVIDIA GH200 datasheet / DGX GH200)
-    "gh200": (450, 3492, 7.0, 50, 72),
-    # 8-GPU PCIe cloud server (AWS g5/g6.48xlarge): 768 GiB, 7.6 TB NVMe (~8 GB/s), 100 Gb/s, 96 cores
-    "pcie-server": (96, 885, 1.0, 1.5625, 12),
+    # DGX-1 (V100): 512 GiB, 4 x 1.92 TB SATA SSD (~2 GB/s), 4 x 100 Gb/s EDR IB, 40 cores,
+    # 2 x Xeon E5-2698 v4 with 4 x DDR4-2400 each (154 GB/s)
+    "dgx-v100": (64, 894, 0.25, 6.25, 5, 19.2),
+    # DGX A100: 1 TiB, 15 TB NVMe (~24 GB/s read), 8 x 200 Gb/s HDR IB = 200 GB/s, 128 cores,
+    # 2 x EPYC 7742 with 8 x DDR4-3200 each (410 GB/s)
+    "hgx-a100": (128, 1746, 3.0, 25, 16, 51.2),
+    # DGX H100 / H200: 2 TiB, 8 x 3.84 TB NVMe (~40 GB/s), 112 cores, 2 x Xeon 8480C with 8 x
+    # DDR5-4800 each (614 GB/s). Network taken as 8 x 200 Gb/s (200 GB/s), common in H100 clouds;
+    # DGX H100 and p5-class nodes have 400: --inter-node-bandwidth 400
+    "hgx-h100": (256, 3492, 5.0, 25, 14, 76.8),
+    # DGX B200: 2 TiB (up to 4), 8 x 3.84 TB NVMe, 8 x 400 Gb/s = 400 GB/s, 112 cores, 2 x Xeon
+    # 8570 with 8 x DDR5-5600 each (717 GB/s)
+    "hgx-b200": (256, 3492, 5.0, 50, 14, 89.6),
+    # 8 x MI300X OAM servers (e.g. Azure ND MI300X v5 class): ~2 TiB, ~28 TB NVMe, 8 x 400 Gb/s, 128
+    # cores, 2 x EPYC 9654 with 12 x DDR5-4800 each (922 GB/s)
+    "oam-mi300x": (256, 3492, 5.0, 50, 16, 115.2),
+    # GH200 superchip: one GPU beside a 72-core Grace with 480 GB LPDDR5X (~450 GiB usable, 500
+    # GB/s), its own NVMe (4 TB, ~7 GB/s), one 400 Gb/s NIC per superchip (NVIDIA GH200 datasheet)
+    "gh200": (450, 3492, 7.0, 50, 72, 500.0),
+    # 8-GPU PCIe cloud server (AWS g5/g6.48xlarge): 768 GiB, 7.6 TB NVMe (~8 GB/s), 100 Gb/s, 96
+    # cores, 2 x EPYC 7R32 with 8 x DDR4-3200 each (410 GB/s)
+    "pcie-server": (96, 885, 1.0, 1.5625, 12, 51.2),
     # Workstation: 128 GiB and one 2 TB PCIe4 NVMe (~7 GB/s) for 1-2 GPUs, 64 GiB per GPU beyond;
-    # 25 Gb/s Ethernet (3.125 GB/s) between boxes; 16+ cores
-    "workstation": (64, 466, 1.75, 0, 6),
+    # 25 Gb/s Ethernet (3.125 GB/s) between boxes; 16+ cores; 2 x DDR5-5600 (90 GB/s) or more
+    "workstation": (64, 466, 1.75, 0, 6, 45.0),
 }
-_FLOORS = (128, 1863, 7.0, 3.125, 16)  # used by the workstation class only
+_FLOORS = (128, 1863, 7.0, 3.125, 16, 89.6)  # used by the workstation class only
 
 
 def _whole(value: object) -> bool:
@@ -119,9 +127,11 @@ def default_node(gpu: GpuType, gpus_per_node: int) -> NodeSpec:
         raise InvalidSpecError(f"GPUs per node must be a whole number of at least 1, got {gpus_per_node!r}")
     cls = _node_class(gpu, gpus_per_node)
     per_gpu = _NODE_CLASS[cls]
-    floors = _FLOORS if cls == "workstation" else (0, 0, 0, 3.125, 1)
-    ram, nvme, nvme_bw, net, cores = (max(f, v * gpus_per_node) for v, f in zip(per_gpu, floors, strict=True))
-    return NodeSpec(gpus_per_node, float(ram), float(nvme), float(nvme_bw), float(net), int(cores))
+    floors = _FLOORS if cls == "workstation" else (0, 0, 0, 3.125, 1, 0)
+    ram, nvme, nvme_bw, net, cores, mem_bw = (
+        max(f, v * gpus_per_node) for v, f in zip(per_gpu, floors, strict=True)
+    )
+    return NodeSpec(gpus_per_node, float(ram), float(nvme), float(nvme_bw), float(net), int(cores), float(mem_bw))
 
 
 # --- Parsing -----------------------------------------------------------------------------------------
@@ -193,6 +203,7 @@ def parse_gpus(
     nvme_gib: float | None = None,
     gpus_per_node: int | None = None,
     inter_node_bandwidth_gbs: float | None = None,
+    cpu_cores: int | None = None,
 ) -> ClusterSpec:
     """Parse '8xA100', 'A100-40GB', '2x8xH100-80GB', '16xA100' (split into nodes) and apply overrides.
 
@@ -210,6 +221,8 @@ def parse_gpus(
         raise InvalidSpecError(
             f"--gpus-per-node must be a whole number from 1 to {MAX_GPUS_PER_NODE}, got {gpus_per_node!r}"
         )
+    if cpu_cores is not None and not (_whole(cpu_cores) and 1 <= cpu_cores <= 4096):
+        raise InvalidSpecError(f"--cpu-cores must be a whole number from 1 to 4096 per node, got {cpu_cores!r}")
     if gpu_mem is not None and gpu_mem > 1024:
         raise InvalidSpecError(f"--gpu-memory {gpu_mem:g} is more than any GPU has; it takes GiB, e.g. 80")
 
@@ -263,6 +276,9 @@ def parse_gpus(
         )
     given = {"cpu_memory_gib": cpu_mem, "nvme_gib": nvme, "inter_node_bandwidth_gbs": net}
     node = replace(node, **{k: v for k, v in given.items() if v is not None})
+    if cpu_cores is not None:  # the same CPUs, more or fewer of them: memory channels scale along
+        share = node.host_memory_bandwidth_gbs / node.cpu_cores
+        node = replace(node, cpu_cores=cpu_cores, host_memory_bandwidth_gbs=share * cpu_cores)
     if gpu_mem is not None:
         notes.append(f"GPU memory set to {gpu_mem:g} GiB by --gpu-memory ({gpu.name} has {gpu.memory_gib:g})")
         gpu = replace(gpu, memory_gib=gpu_mem)

@@ -93,6 +93,13 @@ def add_model_and_cluster(p: argparse.ArgumentParser, gpus_required: bool = True
     g.add_argument(
         "--inter-node-bandwidth", type=positive_float, metavar="GBS", help="override network GB/s per node"
     )
+    g.add_argument(
+        "--cpu-cores",
+        type=positive_int,
+        metavar="N",
+        help="CPU cores per node (default: the node type's share per GPU); with them its memory bandwidth, "
+        "which sets the CPU Adam time of optimizer offload",
+    )
 
 
 def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
@@ -233,4 +240,5 @@ def cluster_spec(args: argparse.Namespace):
         nvme_gib=args.nvme,
         gpus_per_node=args.gpus_per_node,
         inter_node_bandwidth_gbs=args.inter_node_bandwidth,
+        cpu_cores=args.cpu_cores,
     )

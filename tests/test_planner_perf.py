@@ -7,7 +7,16 @@ import pytest
 from launcher.hardware import parse_gpus
 from launcher.models.catalog import resolve_model
 from launcher.planner import constants as C
-from launcher.planner.perf import TERMS, dp_bandwidth, matmul_efficiency, peak_flops, performance
+from launcher.planner.perf import (
+    TERMS,
+    cpu_adam_rate,
+    dp_bandwidth,
+    elementwise_bytes,
+    gemm_shape,
+    matmul_efficiency,
+    peak_flops,
+    performance,
+)
 from launcher.spec import TrainSpec
 
 LLAMA = resolve_model("llama-3.1-8b")
@@ -72,7 +81,7 @@ def test_tensor_parallel_all_reduces_only_when_tp_is_above_one():
 def test_pipeline_bubble_is_pp_minus_one_slots():
     spec = TrainSpec(pp=4, grad_accum=8, zero_stage=1)
     p = perf(spec)
-    per_step = p.breakdown["zero_comm"] + p.breakdown["optimizer"] + p.breakdown["offload"]
+    per_step = sum(p.breakdown[k] for k in ("zero_comm", "optimizer", "offload", "overhead"))
     slots = p.step_time_s - per_step
     assert p.breakdown["pp_bubble"] == pytest.approx(slots * 3 / (8 + 3))
 
@@ -114,3 +123,86 @@ def test_fast_gpus_reach_a_smaller_fraction_of_their_peak_in_16_bit_only():
     on_h100 = perf(spec, parse_gpus("8xH100")).breakdown["compute"]
     expected = (989 / 312) * C.FAST_GPU_EFFICIENCY_RATIO
     assert on_a100 / on_h100 == pytest.approx(expected)
+
+
+def test_gemm_shape_factor_falls_with_small_matrices_and_tp_splits():
+    """Each GEMM dimension d reaches d / (d + GEMM_HALF_DIM) of the large-matrix rate: a TP split
+    narrows the matrices, a short micro-batch narrows the token dimension."""
+    whole = gemm_shape(LLAMA, 1, 4096)
+    assert gemm_shape(LLAMA, 8, 4096) < whole < 1
+    assert gemm_shape(LLAMA, 1, 64) < whole
+    half = C.GEMM_HALF_DIM
+    assert gemm_shape(LLAMA, 1, 10**12) == pytest.approx(
+        sum(lin.weight_params for lin in LLAMA.linears)
+        / sum(lin.weight_params / (lin.fan_in / (lin.fan_in + half) * lin.fan_out / (lin.fan_out + half)) for lin in LLAMA.linears),
+        rel=1e-6,
+    )
+
+
+def test_elementwise_work_weighs_more_on_small_models_and_fast_gpus():
+    """The memory-bound work between matmuls scales with the width, the matmuls with its square:
+    a small model spends a larger share of its step there, and so does a GPU whose FLOPs grew
+    faster than its memory bandwidth."""
+    small = resolve_model("llama-3.2-1b")
+
+    def share(arch, cluster=A100x8):
+        b = perf(TrainSpec(grad_accum=4), cluster, arch).breakdown
+        return b["elementwise"] / (b["compute"] + b["elementwise"])
+
+    assert share(small) > share(LLAMA) > 0
+    assert share(LLAMA, parse_gpus("8xH100")) > share(LLAMA)
+    b = perf(TrainSpec(grad_accum=4)).breakdown
+    per_token = elementwise_bytes(LLAMA, TrainSpec()) * LLAMA.layers / (A100x8.gpu.hbm_bandwidth_gbs * 1e9)
+    assert b["elementwise"] == pytest.approx(4 * 2048 * per_token)
+
+
+def test_zero3_communication_has_a_floor_at_small_micro_batches():
+    """175B under ZeRO-3 on 512 GPUs: the per-layer gathers move the same bytes (and pay the same
+    ring latency) whatever the micro-batch, so halving the micro-batch does not nearly halve a
+    micro-batch's time, and at a fixed global batch the step gets slower."""
+    gpt3 = resolve_model("bloom-176b")
+    cluster = parse_gpus("64x8xA100")
+    base = dict(zero_stage=3, seq_len=2048, grad_ckpt="full")
+    two = perf(TrainSpec(micro_batch=2, grad_accum=1, **base), cluster, gpt3)
+    one = perf(TrainSpec(micro_batch=1, grad_accum=2, **base), cluster, gpt3)
+    # compute halves with the micro-batch, the gathers do not: a micro-batch of 1 takes well over
+    # half the time of a micro-batch of 2, and the step (two of them) is slower by their bytes
+    per_mb = one.step_time_s / 2
+    assert per_mb > 0.55 * two.step_time_s
+    # (and a little more: the shorter token dimension fills the GEMM tiles less)
+    assert one.step_time_s - two.step_time_s >= one.breakdown["zero_comm"] / 2 > 0
+    # the ring latency: (dp - 1) hops per collective, three collectives per layer and micro-batch
+    no_latency = C.COLLECTIVE_HOP_LATENCY_S
+    try:
+        C.COLLECTIVE_HOP_LATENCY_S = 0.0
+        without = perf(TrainSpec(micro_batch=1, grad_accum=2, **base), cluster, gpt3).breakdown["zero_comm"]
+    finally:
+        C.COLLECTIVE_HOP_LATENCY_S = no_latency
+    latency = 3 * gpt3.layers * (512 - 1) * no_latency
+    assert one.breakdown["zero_comm"] - without == pytest.approx(2 * latency, rel=1e-6)
+
+
+def test_cpu_cores_set_the_cpu_adam_term_as_its_formula_says():
+    """CPU Adam runs at min(cores x CPU_ADAM_PARAMS_PER_CORE, host bandwidth x HOST_STREAM_FRACTION /
+    CPU_ADAM_BYTES_PER_PARAM) parameters/s per node; --cpu-cores scales the node's cores and, with
+    them, its memory channels."""
+    spec = TrainSpec(zero_stage=2, offload_optimizer="cpu", grad_accum=4)
+    default = parse_gpus("1xA100")
+    few = parse_gpus("1xA100", cpu_cores=2)
+    many = parse_gpus("1xA100", cpu_cores=64)
+    assert few.node.cpu_cores == 2 and many.node.cpu_cores == 64
+    per_core_bw = default.node.host_memory_bandwidth_gbs / default.node.cpu_cores
+    assert many.node.host_memory_bandwidth_gbs == pytest.approx(64 * per_core_bw)
+    for cluster in (few, default, many):
+        node = cluster.node
+        rate = min(
+            node.cpu_cores * C.CPU_ADAM_PARAMS_PER_CORE,
+            node.host_memory_bandwidth_gbs * 1e9 * C.HOST_STREAM_FRACTION / C.CPU_ADAM_BYTES_PER_PARAM,
+        )
+        assert cpu_adam_rate(node) == pytest.approx(rate)
+        assert perf(spec, cluster).breakdown["optimizer"] == pytest.approx(LLAMA.total_params / rate, rel=1e-3)
+    assert perf(spec, few).breakdown["optimizer"] > perf(spec, default).breakdown["optimizer"]
+
+
+def test_a_fixed_cost_per_step():
+    assert perf(TrainSpec(grad_accum=4)).breakdown["overhead"] == C.STEP_OVERHEAD_S

@@ -17,8 +17,9 @@ ROWS = [json.loads(line) for line in CASES.read_text().splitlines() if line.stri
 def test_each_published_row_is_predicted_by_the_planner_model(row):
     r = evaluate(row)
     measured = row["measured"]["tokens_per_s_per_gpu"]
-    assert r["error_pct"] == pytest.approx(100 * (r["predicted"] - measured) / measured, abs=0.01)
-    assert 0 < r["matmul_share"] <= 1 and r["note"] and r["role"]
+    # predicted is rounded to 0.1 token/s, the error to 0.01 %
+    assert r["predicted"] == pytest.approx(measured * (1 + r["error_pct"] / 100), rel=1e-4, abs=0.06)
+    assert 0 < r["matmul_share"] <= 1 and r["note"] and r["role"] in ("calibration", "check")
 
 
 def test_the_implied_efficiency_reproduces_the_measured_rate(monkeypatch):

@@ -15,7 +15,7 @@ from dataclasses import replace
 from launcher import options
 from launcher.errors import FtlaunchError, InvalidSpecError
 from launcher.memory.estimate import pipeline_stages
-from launcher.planner.constants import DEFAULT_MARGIN
+from launcher.planner.constants import DEFAULT_MARGIN, SPEED_UNCERTAINTY
 from launcher.planner.plans import SEARCHED, NoPlanFitsError, Plan, Request
 
 HELP = "search every way to split the job; the fastest plan that fits, explained"
@@ -111,6 +111,7 @@ def _hardware(args: argparse.Namespace) -> tuple[tuple[str, float | int], ...]:
         "nvme_gib": args.nvme,
         "gpus_per_node": args.gpus_per_node,
         "inter_node_bandwidth_gbs": args.inter_node_bandwidth,
+        "cpu_cores": args.cpu_cores,
     }
     return tuple(sorted((k, v) for k, v in given.items() if v is not None))
 
@@ -277,7 +278,7 @@ def _print_chosen(out, plan: Plan, cost: dict) -> None:
     ]
     out.print(table(("term", "s", "share", ""), rows, title="time per optimizer step", left=("term", "")))
     line = (
-        f"est. {perf.tokens_per_s:,.0f} tokens/s ({plan.tokens_per_step:,} tokens per step), "
+        f"est. {perf.tokens_per_s:,.0f} tokens/s ± {SPEED_UNCERTAINTY:.0%} ({plan.tokens_per_step:,} tokens per step), "
         f"MFU {perf.mfu:.0%}; ${cost['cost_per_million_tokens_usd']:,.2f} per million tokens at "
         f"${cost['price_per_gpu_hour_usd']:g} per GPU-hour"
     )

@@ -87,8 +87,8 @@ def _slower_because(winner: Plan, other: Plan) -> str:
     more = moving_parts(other.spec) - moving_parts(winner.spec)
     if ratio < 1.0 - 1e-9 and more > 0:
         return (
-            f"{(1 - ratio) * 100:.2g} % fewer tokens/s, within the speed model's uncertainty "
-            f"({SPEED_UNCERTAINTY:.0%} for each of the {more} more moving part{'s' if more > 1 else ''} it has: "
+            f"{(1 - ratio) * 100:.2g} % fewer tokens/s, within the speed model's error band "
+            f"({SPEED_UNCERTAINTY:.0%} on published runs, for each of the {more} more moving part{'s' if more > 1 else ''} it has: "
             "offload, ZeRO-3, TP, PP, chunked loss, optimizer in backward), so the simpler plan"
         )
     if ratio <= 1.0 + 1e-9:

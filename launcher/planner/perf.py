@@ -4,7 +4,10 @@ Time per optimizer step on the slowest pipeline stage, each term in seconds (con
 sources in launcher/planner/constants.py; "exposed" = what overlap leaves on the critical path,
 exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind compute w):
 
-  compute    training FLOPs at peak x matmul_efficiency (fp32: the non-tensor-core rate). Per token
+  compute    training FLOPs at peak x matmul_efficiency (fp32: the non-tensor-core rate) x the
+             GEMM shape factor of each linear (gemm_shape: every dimension d of its matrices -
+             tokens per micro-batch, fan-in, fan-out after the TP split - reaches d / (d +
+             GEMM_HALF_DIM) of the large-matrix rate: tiles and waves left part-empty). Per token
              and layer: linears 2·N forward; attention 4·s·d forward (half with causal sdpa/flash);
              backward twice the forward for full fine-tuning (6·N in all); LoRA skips the frozen
              weights' gradients (4·N) and adds 6·n per adapter parameter. The LM head (2·V·h) is
@@ -13,6 +16,12 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              does not keep (activations.selective_matmuls: every other bias-free linear), and
              eager / math attention (only fused attention kernels' outputs are kept); the chunked
              loss: one more forward of the LM head (2·V·h per token).
+  elementwise the memory-bound work between the matmuls (norms, activation functions, residual
+             adds, rotary, dropout, eager attention's softmax over materialised scores) at HBM
+             bandwidth: ELEMENTWISE_BYTES per token and layer per unit of width (hidden + the MLP's
+             active intermediate per TP rank), EAGER_SCORE_BYTES per attention score; a recompute
+             runs their forward share (a third) again. It is why small models and fast GPUs reach a
+             smaller fraction of their peak.
   dequant    QLoRA: every 4-bit weight dequantised per use (forward, backward, recompute) at HBM
              bandwidth.
   tp_comm    per layer and micro-batch, 2 all-reduces forward + 2 backward (+2 in a full
@@ -22,15 +31,26 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              ZeRO-0 all-reduces gradients once per step; ZeRO-1 reduce-scatters them once per step
              and all-gathers the updated weights; ZeRO-2 reduce-scatters every micro-batch (its
              gradients are partitioned) and all-gathers the weights once; ZeRO-3 all-gathers the
-             weights in forward and in backward and reduce-scatters gradients every micro-batch.
-             Gradient reduction and stage-3 gathers overlap with compute, the post-step gather not.
+             weights in forward and in backward and reduce-scatters gradients every micro-batch,
+             one collective per layer and direction, each paying the ring's latency
+             (COLLECTIVE_HOP_LATENCY_S per hop, dp - 1 hops) on top of its bytes: at large dp and
+             small micro-batches that floor no longer hides behind compute.
+             Gradient reduction and stage-3 gathers overlap with compute (exposed(), below), the
+             post-step gather not.
   pp_comm    activations forward and their gradients backward between pipeline stages.
   pp_bubble  1F1B: a step takes (accumulation + pp - 1) micro-batch slots, pp - 1 of them idle.
   offload    PCIe: gradients down, updated weights up (optimizer offload), weights up in forward
              and backward (parameter offload); NVMe: optimizer states read and written every step,
              offloaded weights read per micro-batch and written per step, per node bandwidth; a
              paged optimizer's states that do not fit beside forward / backward, out and back.
-  optimizer  GPU: memory-bound fused step; CPU (offload): CPU Adam, shared by the node's ranks.
+  optimizer  GPU: memory-bound fused step; CPU (offload): CPU Adam over the node's ranks' shards,
+             at the lower of its cores' rate (CPU_ADAM_PARAMS_PER_CORE x cores, --cpu-cores) and
+             its memory bandwidth (CPU_ADAM_BYTES_PER_PARAM per parameter).
+  overhead   a fixed cost per optimizer step (STEP_OVERHEAD_S: gradient-norm clipping's reduction,
+             the loss read back to the host, logging, the next batch).
+
+The efficiency constants are fitted on the calibration rows of bench/data/published_speed.jsonl
+by bench/speed_fit.py; bench/speed_accuracy.py reports the check rows it never saw.
 """
 
 from __future__ import annotations
@@ -38,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.gpus import GpuType
-from launcher.hardware import ClusterSpec
+from launcher.hardware import ClusterSpec, NodeSpec
 from launcher.memory import states as S
 from launcher.memory.activations import chunked_loss, selective_matmuls, unfused_attention
 from launcher.memory.estimate import estimate, stage_split
@@ -49,6 +69,7 @@ from launcher.spec import PAGED_OPTIMIZERS, TrainSpec
 TERMS = (
     "compute",
     "recompute",
+    "elementwise",
     "dequant",
     "tp_comm",
     "zero_comm",
@@ -56,6 +77,7 @@ TERMS = (
     "pp_bubble",
     "offload",
     "optimizer",
+    "overhead",
 )
 
 
@@ -86,19 +108,63 @@ def peak_flops(gpu: GpuType, precision: str) -> float:
 
 
 def matmul_efficiency(gpu: GpuType, precision: str) -> float:
-    """Fraction of `peak_flops` the training matmuls reach on this GPU (constants.py says why)."""
+    """Fraction of `peak_flops` large training matmuls reach on this GPU (constants.py says why)."""
     fast = precision != "fp32" and gpu.peak_bf16_tflops >= C.FAST_GPU_PEAK_TFLOPS
     return C.MATMUL_EFFICIENCY * (C.FAST_GPU_EFFICIENCY_RATIO if fast else 1.0)
 
 
+def _shape(*dims: float) -> float:
+    out = 1.0
+    for d in dims:
+        out *= d / (d + C.GEMM_HALF_DIM)
+    return out
+
+
+def gemm_shape(arch: ModelArch, tp: int, tokens: int) -> float:
+    """The FLOP-weighted shape factor of one block's linears at `tokens` per micro-batch: each
+    matrix dimension d (tokens, or the tokens routed to one expert; fan-in; fan-out, after the TP
+    split) reaches d / (d + GEMM_HALF_DIM) of the large-matrix rate."""
+    macs = slow = 0.0
+    for lin in arch.linears:
+        fused = S.fused_experts(arch, lin)
+        m = tokens * arch.experts_per_token / arch.experts if fused else tokens
+        k = lin.fan_in / tp if lin.parallel == "row" else lin.fan_in
+        n = lin.fan_out / tp if lin.parallel == "column" else lin.fan_out
+        work = (arch.experts_per_token if fused else lin.count) * lin.fan_in * lin.fan_out
+        macs += work
+        slow += work / _shape(max(m, 1.0), k, n)
+    return macs / slow if slow else 1.0
+
+
+def attention_efficiency(arch: ModelArch, spec: TrainSpec) -> float:
+    """The attention scores' matmuls relative to large GEMMs: fused kernels (flash, sdpa's) reach
+    ATTENTION_EFFICIENCY_RATIO of the GEMM rate; eager attention runs batched GEMMs of one head
+    (sequence x head_dim x sequence), at their shape factor."""
+    if unfused_attention(arch, spec):
+        return _shape(spec.seq_len, arch.head_dim, spec.seq_len)
+    return C.ATTENTION_EFFICIENCY_RATIO
+
+
+def elementwise_bytes(arch: ModelArch, spec: TrainSpec) -> float:
+    """HBM bytes per token of one block's memory-bound work, forward and backward (one TP rank)."""
+    ffn = arch.ffn * arch.experts_per_token * (2 if arch.gated_mlp else 1)
+    width = arch.hidden + ffn / spec.tp
+    e = 4 if spec.precision == "fp32" else 2
+    scores = arch.heads / spec.tp * spec.seq_len if unfused_attention(arch, spec) else 0.0
+    return C.ELEMENTWISE_BYTES * width * e / 2 + C.EAGER_SCORE_BYTES * scores * e / 2
+
+
 @dataclass(frozen=True)
 class TokenFlops:
-    """FLOPs per token: one block (all layers alike) and the LM head."""
+    """FLOPs per token: one block (all layers alike; of which the attention scores' `attn_*`) and
+    the LM head."""
 
     layer_train: float
     layer_recompute: float
     head_train: float
     head_recompute: float = 0.0
+    attn_train: float = 0.0
+    attn_recompute: float = 0.0
 
 
 def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
@@ -120,16 +186,17 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         width = arch.embed_dim or arch.hidden
         # adapters on the head (two matmuls) and the embedding (B's matmul; A is a lookup), per token
         head_train += 6 * spec.lora_r * ((arch.vocab + width) * ("lm_head" in targets) + width * ("embed_tokens" in targets))
+    attn_recompute = attn if spec.grad_ckpt == "full" or (spec.grad_ckpt == "selective" and unfused) else 0.0
     if spec.grad_ckpt == "full":
         recompute = 2 * mm + attn + 2 * lora
     elif spec.grad_ckpt == "selective":  # the matmuls the policy does not keep, and the rest
+        # (the policy keeps only fused attention kernels' outputs)
         recompute = 2 * sum(macs for kept, _, macs in selective_matmuls(arch, spec, targets) if not kept)
-        if unfused:  # the policy keeps only fused attention kernels' outputs
-            recompute += attn
+        recompute += attn_recompute
     else:
         recompute = 0.0
     # the chunked loss runs the head's forward again in backward, a chunk at a time
-    return TokenFlops(layer_train, recompute, head_train, head if chunked_loss(spec) else 0.0)
+    return TokenFlops(layer_train, recompute, head_train, head if chunked_loss(spec) else 0.0, 3 * attn, attn_recompute)
 
 
 def dp_bandwidth(cluster: ClusterSpec, tp: int, dp: int) -> float:
@@ -149,6 +216,14 @@ def dp_bandwidth(cluster: ClusterSpec, tp: int, dp: int) -> float:
     return min(intra, cluster.node.inter_node_bandwidth_gbs * 1e9 * k / g)
 
 
+def cpu_adam_rate(node: NodeSpec) -> float:
+    """Parameters per second DeepSpeed's CPU Adam updates on one node: its cores' rate, or its
+    memory bandwidth (every parameter's fp32 state read and written), whichever is lower."""
+    cores = C.CPU_ADAM_PARAMS_PER_CORE * node.cpu_cores
+    memory = node.host_memory_bandwidth_gbs * 1e9 * C.HOST_STREAM_FRACTION / C.CPU_ADAM_BYTES_PER_PARAM
+    return min(cores, memory)
+
+
 def _exposed(comm: float, window: float) -> float:
     return comm - C.OVERLAP * min(comm, window)
 
@@ -158,9 +233,15 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
     gpu, node = cluster.gpu, cluster.node
     tp, pp, accum = spec.tp, spec.pp, spec.grad_accum
     e = 4 if spec.precision == "fp32" else 2
-    rate = peak_flops(gpu, spec.precision) * matmul_efficiency(gpu, spec.precision)
     tokens = spec.micro_batch * spec.seq_len  # per GPU per micro-batch
+    rate = peak_flops(gpu, spec.precision) * matmul_efficiency(gpu, spec.precision)
+    block_rate = rate * gemm_shape(arch, tp, tokens)
+    head_rate = rate * _shape(tokens, arch.hidden, arch.vocab)
     f = token_flops(arch, spec)
+    attn_rate = rate * attention_efficiency(arch, spec)
+
+    def block_time(layer: float, attn: float) -> float:  # seconds per token of one block
+        return ((layer - attn) / block_rate + attn / attn_rate) / tp
 
     if pp == 1:
         layers, with_head = arch.layers, True
@@ -168,22 +249,30 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
     else:
         # the slowest stage sets the pace of 1F1B; the largest one the ZeRO / offload traffic
         split = stage_split(arch, spec, cluster, dp)
-        times = [n * f.layer_train / tp + (f.head_train if s == pp - 1 else 0.0) for s, n in enumerate(split)]
+        times = [
+            n * block_time(f.layer_train, f.attn_train) + (f.head_train / head_rate if s == pp - 1 else 0.0)
+            for s, n in enumerate(split)
+        ]
         slow = max(range(pp), key=times.__getitem__)
         layers, with_head = split[slow], slow == pp - 1
         sizes = [S.stage_params(arch, spec, n, s == 0, s == pp - 1) for s, n in enumerate(split)]
         p = max(sizes, key=lambda q: q.total)
-    head = f.head_train if with_head else 0.0
-    compute = tokens * (layers * f.layer_train / tp + head) / rate
-    recompute = tokens * (layers * f.layer_recompute / tp + (f.head_recompute if with_head else 0.0)) / rate
-    window = compute + recompute  # one micro-batch's compute, what transfers can hide behind
+    head = f.head_train / head_rate if with_head else 0.0
+    compute = tokens * (layers * block_time(f.layer_train, f.attn_train) + head)
+    recompute = tokens * (
+        layers * block_time(f.layer_recompute, f.attn_recompute) + (f.head_recompute / head_rate if with_head else 0.0)
+    )
+    hbm = gpu.hbm_bandwidth_gbs * 1e9
+    again = {"none": 0.0, "selective": 1 / 6, "full": 1 / 3}[spec.grad_ckpt]
+    elementwise = tokens * layers * elementwise_bytes(arch, spec) * (1 + again) / hbm
+    window = compute + recompute + elementwise  # one micro-batch's compute, what transfers can hide behind
 
     dequant = 0.0
     if spec.method == "qlora":
         # base weights dequantised per use: forward, backward, and the recompute (selective:
         # about half of the linears)
         uses = 2 + {"none": 0.0, "selective": 0.5, "full": 1.0}[spec.grad_ckpt]
-        dequant = uses * p.quantizable * C.DEQUANT_BYTES_PER_PARAM / (gpu.hbm_bandwidth_gbs * 1e9)
+        dequant = uses * p.quantizable * C.DEQUANT_BYTES_PER_PARAM / hbm
 
     intra = gpu.intra_node_bandwidth_gbs * 1e9
     tp_comm = 0.0
@@ -212,7 +301,9 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
             zero_mb = _exposed(ring * grads / bw, window)
             zero_step = ring * grads / bw
         else:
-            zero_mb = _exposed(ring * (2 * weights + grads) / bw, window)
+            # per layer: gather forward, gather backward, reduce-scatter the gradients
+            latency = 3 * layers * (dp - 1) * C.COLLECTIVE_HOP_LATENCY_S
+            zero_mb = _exposed(ring * (2 * weights + grads) / bw + latency, window)
 
     # offload traffic and the optimizer step
     pcie = gpu.pcie_bandwidth_gbs * 1e9
@@ -227,7 +318,7 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
         else:
             offload_step += down
         offload_step += shard * e / pcie  # updated 16-bit weights back up
-        optimizer = shard * ranks / (C.CPU_ADAM_PARAMS_PER_CORE * node.cpu_cores)
+        optimizer = shard * ranks / cpu_adam_rate(node)
         if spec.offload_optimizer == "nvme":
             states = (p.trainable * 4 if S.mixed(spec) else 0.0) + S.optimizer_bytes(spec, p)
             offload_step += 2 * states / dp * ranks / nvme_bw  # read and write back every step
@@ -245,10 +336,11 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
             offload_step += weights / dp * ranks / nvme_bw  # updated weights written back
         offload_mb += _exposed(t, window)
 
-    slot = compute + recompute + dequant + tp_comm + pp_comm + zero_mb + offload_mb
+    slot = compute + recompute + elementwise + dequant + tp_comm + pp_comm + zero_mb + offload_mb
     breakdown = {
         "compute": accum * compute,
         "recompute": accum * recompute,
+        "elementwise": accum * elementwise,
         "dequant": accum * dequant,
         "tp_comm": accum * tp_comm,
         "zero_comm": accum * zero_mb + zero_step,
@@ -256,6 +348,7 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
         "pp_bubble": (pp - 1) * slot,
         "offload": accum * offload_mb + offload_step,
         "optimizer": optimizer,
+        "overhead": C.STEP_OVERHEAD_S,
     }
     step = sum(breakdown.values())
     tokens_per_step = tokens * dp * accum

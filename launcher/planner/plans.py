@@ -94,7 +94,8 @@ def default_global_batch(method: str, world: int) -> int:
 
 
 def moving_parts(spec: TrainSpec) -> int:
-    """What can go wrong or run slower than modelled (constants.SPEED_UNCERTAINTY)."""
+    """What can go wrong or run slower than modelled, each within the speed model's error band
+    (constants.SPEED_UNCERTAINTY)."""
     weight = {"none": 0, "cpu": 1, "nvme": 2}
     return (
         weight[spec.offload_optimizer]
@@ -108,8 +109,9 @@ def moving_parts(spec: TrainSpec) -> int:
 
 
 def ranking_speed(spec: TrainSpec, perf: Perf) -> float:
-    """Tokens/s discounted by the speed model's uncertainty per moving part: a plan with more of
-    them must be faster by more than that uncertainty to win."""
+    """Tokens/s discounted by the speed model's error band per moving part: a plan with more of
+    them must be faster by more than that band to win (plans within it are ties, broken by fewer
+    moving parts)."""
     return perf.tokens_per_s * (1 - SPEED_UNCERTAINTY) ** moving_parts(spec)
 
 
@@ -171,6 +173,7 @@ class Plan:
             # the ranking's figure: tokens/s less the speed model's uncertainty per moving part
             "moving_parts": moving_parts(self.spec),
             "ranking_tokens_per_s": round(ranking_speed(self.spec, self.perf), 3),
+            "speed_error_band": SPEED_UNCERTAINTY,
         }
 
 

@@ -2,8 +2,9 @@
 
 A candidate is feasible when the memory model's GPU total is within the budget (GPU memory less
 the margin) and its host RAM and NVMe per node are within the node's. Feasible plans are ranked
-by estimated tokens/s, discounted by the speed model's uncertainty for each moving part (offload,
-ZeRO-3, TP, PP, the chunked loss: a simpler plan wins unless the other is faster by more than that);
+by estimated tokens/s, discounted by the speed model's error band (its median error on published
+runs it was not fitted on) for each moving part (offload, ZeRO-3, TP, PP, the chunked loss: plans
+within the band are ties, and the simpler plan wins unless the other is faster by more than it);
 ties go to fewer moving parts (lower ZeRO stage, less offload, smaller TP,
 smaller PP, less recompute, the whole loss, smaller micro-batch), so the order is total and deterministic.
 
