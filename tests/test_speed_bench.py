@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from bench.speed_accuracy import CASES, evaluate, markdown, summarise
+from bench.speed_accuracy import CASES, TARGET_WORST, evaluate, markdown, summarise
+from bench.speed_fit import FITTED, fit, rows
 from launcher.planner import constants as C
 
 ROWS = [json.loads(line) for line in CASES.read_text().splitlines() if line.strip()]
@@ -38,3 +39,36 @@ def test_summary_and_table_carry_every_row():
     )
     text = markdown(results, summary)
     assert all(f"| {r['id']} |" in text for r in results)
+
+
+def test_calibration_and_check_rows_are_reported_apart_with_the_target():
+    results = [evaluate(r) for r in ROWS]
+    summary = summarise(results)
+    roles = {r["role"] for r in ROWS}
+    assert roles == {"calibration", "check"}
+    checks = [r for r in results if r["role"] == "check"]
+    assert len(checks) >= len(ROWS) / 3  # at least a third never used to fit
+    assert summary["check"]["rows"] == len(checks)
+    text = markdown(results, summary)
+    assert "### Calibration rows" in text and "### Check rows" in text
+    # every check row outside the target is printed with its reason
+    for r in checks:
+        if abs(r["error_pct"]) > TARGET_WORST:
+            assert r["miss"], f"{r['id']} misses by {r['error_pct']} % with no reason recorded"
+            assert f"- {r['id']} (" in text
+
+
+def test_the_error_band_the_planner_prints_is_the_check_rows_median():
+    summary = summarise([evaluate(r) for r in ROWS])
+    assert C.SPEED_UNCERTAINTY == pytest.approx(summary["check"]["median_abs_error_pct"] / 100, abs=0.005)
+
+
+def test_the_fitted_constants_are_what_the_calibration_rows_give(monkeypatch):
+    """bench/speed_fit.py run again from the constants reproduces them (only calibration rows
+    enter the fit: it reads nothing else)."""
+    written = {name: getattr(C, name) for name in FITTED}
+    for name, value in written.items():
+        monkeypatch.setattr(C, name, value)  # restored after the fit moves them
+    fitted = fit(rows("calibration"), sweeps=2)
+    for name, value in fitted.items():
+        assert value == pytest.approx(written[name], rel=0.03, abs=0.02), name
