@@ -170,6 +170,14 @@ def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
     s.add_argument("--offload-params", choices=S.OFFLOAD, help="ZeRO-3 parameter offload (default none)")
     s.add_argument("--tp", type=positive_int, metavar="T", help="tensor-parallel degree (default 1)")
     s.add_argument("--pp", type=positive_int, metavar="P", help="pipeline-parallel degree (default 1)")
+    s.add_argument(
+        "--hpz",
+        type=positive_int,
+        metavar="N",
+        help="ZeRO++ hierarchical partitioning for ZeRO-3: a second copy of the 16-bit weights sharded over N "
+        "ranks (a node's GPUs), so the backward gathers them over the node's links instead of the network; "
+        "costs weights / N per GPU. Default: " + ("the planner's choice" if search else "1 (off)"),
+    )
 
 
 def train_spec(args: argparse.Namespace, dp_of: callable | None = None) -> S.TrainSpec:
@@ -208,6 +216,7 @@ def train_spec(args: argparse.Namespace, dp_of: callable | None = None) -> S.Tra
         "offload_params",
         "tp",
         "pp",
+        "hpz",
     ):
         value = getattr(args, name, None)
         if value is not None:

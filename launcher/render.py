@@ -74,6 +74,8 @@ def spec_line(spec, dp: int) -> str:
         off += f" +opt->{spec.offload_optimizer}"
     if spec.offload_params != "none":
         off += f" +params->{spec.offload_params}"
+    if spec.hpz > 1:
+        off += f" +hpZ {spec.hpz}"
     return (
         f"{m} | {spec.precision} | {spec.optimizer} | ZeRO-{spec.zero_stage}{off} | "
         f"tp {spec.tp} pp {spec.pp} dp {dp} | micro-batch {spec.micro_batch} x seq {spec.seq_len} "

@@ -58,6 +58,10 @@ class TrainSpec:
     offload_params: str = "none"
     tp: int = 1
     pp: int = 1
+    # ZeRO++ hierarchical partitioning (DeepSpeed's zero_hpz_partition_size): ZeRO-3 keeps a second
+    # copy of the 16-bit weights sharded over this many ranks (a node's GPUs), so the backward
+    # gathers them inside the node instead of across the network; 1 = off
+    hpz: int = 1
 
     def __post_init__(self) -> None:
         _choice("--method", self.method, METHODS)
@@ -78,6 +82,7 @@ class TrainSpec:
             ("--grad-accum", self.grad_accum, 1 << 20),
             ("--tp", self.tp, 1024),
             ("--pp", self.pp, 4096),
+            ("--hpz", self.hpz, 1024),
         ):
             _positive_int(flag, value, hi)
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
@@ -86,6 +91,11 @@ class TrainSpec:
             raise InvalidSpecError(
                 f"--offload-params {self.offload_params} needs --zero-stage 3 "
                 "(DeepSpeed offloads parameters only under ZeRO-3)"
+            )
+        if self.hpz > 1 and (self.zero_stage != 3 or self.offload_params != "none"):
+            raise InvalidSpecError(
+                f"--hpz {self.hpz} needs --zero-stage 3 with the parameters on the GPU (ZeRO++'s secondary "
+                "weight shards live in GPU memory); use --zero-stage 3 without --offload-params, or drop --hpz"
             )
         if self.offload_optimizer != "none" and self.zero_stage == 0:
             raise InvalidSpecError(

@@ -234,7 +234,7 @@ def _plans_table(plans):
     rows = [
         (
             str(i),
-            str(p.spec.zero_stage),
+            str(p.spec.zero_stage) + (f" hpZ{p.spec.hpz}" if p.spec.hpz > 1 else ""),
             _offload(p.spec),
             f"{p.spec.tp}x{p.spec.pp}x{p.dp}",
             f"{p.spec.micro_batch} x {p.spec.grad_accum}",
@@ -374,7 +374,7 @@ def _print_selection(arch, base, sel, tokens) -> None:
     rows = []
     for ch in sel.choices:
         p, s = ch.plan, ch.plan.spec
-        sharding = f"ZeRO-{s.zero_stage} {_offload(s)}".replace(" -", "")
+        sharding = f"ZeRO-{s.zero_stage}{f' hpZ{s.hpz}' if s.hpz > 1 else ''} {_offload(s)}".replace(" -", "")
         row = [
             ch.shape + ("" if ch.smallest else " (cheaper)"),
             f"{sharding} | {s.tp}x{s.pp}x{p.dp} | {s.micro_batch} x {s.grad_accum} | {ckpt_label(s)}",

@@ -119,6 +119,8 @@ def ds_config(
         cfg.pop("aio", None)
     if spec.tp > 1:
         cfg["tensor_parallel"] = {"autotp_size": spec.tp}
+    if spec.hpz > 1:
+        z["zero_hpz_partition_size"] = spec.hpz
 
     if spec.precision == "bf16":
         cfg["bf16"] = {"enabled": True}

@@ -115,6 +115,10 @@ def check_parallelism(arch: ModelArch, spec: TrainSpec, world: int) -> int:
             f"--tp {tp} x --pp {pp} = {tp * pp} does not divide the {world} GPUs; "
             "pick degrees whose product divides the GPU count"
         )
+    if world % spec.hpz:
+        raise InvalidSpecError(
+            f"--hpz {spec.hpz} does not divide the {world} GPUs; use the GPUs per node (or a divisor of them)"
+        )
     return world // (tp * pp)
 
 

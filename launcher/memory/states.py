@@ -256,7 +256,9 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int, hidden: int = 0) -> S
     if stage == 3:
         # QLoRA's NF4 constants are not parameters: every rank keeps its layers' whole
         consts = p.quantizable * (C.NF4_BYTES_PER_PARAM - 0.5) if spec.method == "qlora" and spec.quant == "nf4" else 0.0
-        weights = (weights - consts) / dp + consts
+        # ZeRO++ hpZ: each forward gather also keeps this rank's 1/hpz slice of the whole weight
+        # (its secondary shard, for the backward's gather inside the node) until the step
+        weights = (weights - consts) / dp + consts + ((weights - consts) / spec.hpz if spec.hpz > 1 else 0.0)
         fp32g = min(fp32g, 4 * C.STAGE3_SUB_GROUP_SIZE) if mixed(spec) else fp32g
     host = nvme = 0.0
     if spec.offload_optimizer != "none" and stage >= 2:

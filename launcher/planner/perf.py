@@ -34,7 +34,9 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              weights in forward and in backward and reduce-scatters gradients every micro-batch,
              one collective per layer and direction, each paying the ring's latency
              (COLLECTIVE_HOP_LATENCY_S per hop, dp - 1 hops) on top of its bytes: at large dp and
-             small micro-batches that floor no longer hides behind compute.
+             small micro-batches that floor no longer hides behind compute. ZeRO++ hpZ (--hpz N):
+             the backward gathers from secondary shards over N ranks inside the node (its link,
+             N - 1 hops) instead of across the data-parallel group.
              Gradient reduction and stage-3 gathers overlap with compute (exposed(), below), the
              post-step gather not.
   pp_comm    activations forward and their gradients backward between pipeline stages.
@@ -301,9 +303,17 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
             zero_mb = _exposed(ring * grads / bw, window)
             zero_step = ring * grads / bw
         else:
-            # per layer: gather forward, gather backward, reduce-scatter the gradients
-            latency = 3 * layers * (dp - 1) * C.COLLECTIVE_HOP_LATENCY_S
-            zero_mb = _exposed(ring * (2 * weights + grads) / bw + latency, window)
+            # per layer: gather forward, gather backward, reduce-scatter the gradients; under hpZ
+            # the backward gathers from the secondary shards inside the node
+            hops = 2 * (dp - 1)
+            if spec.hpz > 1:
+                back = (spec.hpz - 1) / spec.hpz * weights / intra
+                hops += spec.hpz - 1
+            else:
+                back = ring * weights / bw
+                hops += dp - 1
+            latency = layers * hops * C.COLLECTIVE_HOP_LATENCY_S
+            zero_mb = _exposed(ring * (weights + grads) / bw + back + latency, window)
 
     # offload traffic and the optimizer step
     pcie = gpu.pcie_bandwidth_gbs * 1e9

@@ -26,6 +26,7 @@ SEARCHED = (
     "offload_params",
     "tp",
     "pp",
+    "hpz",
     "micro_batch",
     "grad_accum",
     "grad_ckpt",
@@ -105,6 +106,7 @@ def moving_parts(spec: TrainSpec) -> int:
         + (spec.pp > 1)
         + (spec.loss == "chunked")
         + (spec.optimizer_step == "in-backward")
+        + (spec.hpz > 1)
     )
 
 
@@ -187,7 +189,8 @@ def sharding_label(spec: TrainSpec) -> str:
         for what, where in (("optimizer", spec.offload_optimizer), ("params", spec.offload_params))
         if where != "none"
     ]
-    return f"ZeRO-{spec.zero_stage}" + (f" + offload {', '.join(parts)}" if parts else "")
+    label = f"ZeRO-{spec.zero_stage}" + (f" + offload {', '.join(parts)}" if parts else "")
+    return label + (f" + hpZ {spec.hpz}" if spec.hpz > 1 else "")
 
 
 @dataclass(frozen=True)

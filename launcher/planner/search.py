@@ -45,6 +45,7 @@ def order_key(spec: TrainSpec, perf: Perf) -> tuple:
     return (
         -ranking_speed(spec, perf),
         space.SHARDING_RANK[(spec.zero_stage, spec.offload_optimizer, spec.offload_params)],
+        spec.hpz,
         spec.tp,
         spec.pp,
         space.CKPT_RANK[spec.grad_ckpt],
@@ -70,9 +71,10 @@ _SHARDING_ORDER = {
 
 
 def _family_order(family: str) -> tuple:
-    """Sharding families in SHARDINGS order, then TP degrees, then PP degrees."""
-    if family in _SHARDING_ORDER:
-        return (0, _SHARDING_ORDER[family])
+    """Sharding families in SHARDINGS order (each without hpZ first), then TP degrees, then PP degrees."""
+    base, _, hpz = family.partition(" + hpZ ")
+    if base in _SHARDING_ORDER:
+        return (0, _SHARDING_ORDER[base], int(hpz or 1))
     kind, degree = family.split()
     return (1 if kind == "TP" else 2, int(degree))
 
@@ -151,9 +153,14 @@ def plan(request: Request, *, mode: str = "all") -> PlanResult:
         return _best(s)
     plans: list[Plan] = []
     simpler_fits: set[TrainSpec] = set()
+    over: set[TrainSpec] = set()  # candidates known to be over budget
     for group in s.groups:
-        for micro, accum, gb in group.batches:
+        for i, (micro, accum, gb) in enumerate(group.batches):
             spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
+            if spec.hpz > 1 and spec.with_(hpz=1) in over:
+                # hpZ only adds its secondary shards to the same plan without it: over too
+                over.add(spec)
+                continue
             if any(twin in simpler_fits for twin in _simpler_twins(spec)):
                 # the same plan with the whole loss / the usual step fits and is faster or simpler:
                 # pruned (its group comes before this one: space.groups). It needs no more memory
@@ -167,8 +174,12 @@ def plan(request: Request, *, mode: str = "all") -> PlanResult:
                 plans.append(Plan(arch, cluster, spec, group.dp, gb, est, perf, budget))
                 if mode == "first":
                     return s.result(plans, complete=False)
-            elif over_from is not None:
-                break  # walking up from the smallest micro-batch: the rest of the group is over
+            else:
+                over.add(spec)
+                if over_from is not None:
+                    # walking up from the smallest micro-batch: the rest of the group is over
+                    over.update(group.spec.with_(micro_batch=m, grad_accum=a) for m, a, _ in group.batches[i:])
+                    break
     return s.result(plans)
 
 

@@ -8,6 +8,9 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
                 tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
                 so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
+  hpz           ZeRO++ hierarchical partitioning for ZeRO-3 with the parameters on the GPU, on
+                clusters of more than one node: off (1) or a secondary shard over the node's GPUs
+                (the backward gathers inside the node; weights / GPUs-per-node more per GPU)
   pp            the degrees that divide world / tp, up to one block per stage, for
                 the families with a stage adapter (launcher/parallel/split.py; others: 1); pp > 1
                 runs on DeepSpeed's pipeline engine under ZeRO-1, stages placed pipe-major
@@ -118,6 +121,24 @@ def tp_degrees(request: Request) -> list[int]:
     return [t for t in range(1, g + 1) if g % t == 0 and arch.heads % t == 0 and arch.kv_heads % t == 0]
 
 
+def hpz_degrees(request: Request, stage: int, params: str) -> list[int]:
+    """1 (off), and the node's GPU count for ZeRO-3 without parameter offload across nodes."""
+    pinned = request.pinned.get("hpz")
+    if pinned is not None:
+        return [pinned]
+    g = request.cluster.gpus_per_node
+    return [1, g] if stage == 3 and params == "none" and request.cluster.nodes > 1 and g > 1 else [1]
+
+
+def _check_hpz(request: Request) -> None:
+    pinned, g = request.pinned.get("hpz", 1), request.cluster.gpus_per_node
+    if pinned > g or g % pinned:
+        raise InvalidSpecError(
+            f"--hpz {pinned}: hpZ's secondary shards stay inside a node of {g} GPUs; use --hpz {g} "
+            f"(or a divisor of {g})"
+        )
+
+
 def pp_degrees(request: Request, tp: int) -> list[int]:
     layers, rest = request.arch.layers, request.cluster.world_size // tp
     pinned = request.pinned.get("pp")
@@ -142,9 +163,14 @@ def _pinned_spec(request: Request, base: TrainSpec) -> None:
     """Raise TrainSpec's own error when the pins contradict each other (e.g. --pp 2 with
     --offload-params cpu), taking the unpinned stage as the lowest the pinned offloads allow;
     likewise for a pinned --tp that AutoTP cannot train."""
+    _check_hpz(request)
     pins = dict(request.pinned)
     if "zero_stage" not in pins:
-        needs3 = pins.get("offload_params", "none") != "none" or pins.get("offload_optimizer") == "nvme"
+        needs3 = (
+            pins.get("offload_params", "none") != "none"
+            or pins.get("offload_optimizer") == "nvme"
+            or pins.get("hpz", 1) > 1
+        )
         pins["zero_stage"] = 3 if needs3 else 1 if pins.get("offload_optimizer", "none") != "none" else 0
     try:
         spec = base.with_(**pins)
@@ -214,7 +240,7 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
             batches = _batches(request, dp)
             if not batches:
                 continue
-            for ckpt in ckpts:
+            for hpz, ckpt in ((h, c) for h in hpz_degrees(request, stage, params) for c in ckpts):
                 for loss in _losses(request, pp, batches):
                     for step in _steps(request):
                         # in-backward: only the micro-batches that need no accumulation
@@ -229,6 +255,7 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
                                 grad_ckpt=ckpt,
                                 loss=loss,
                                 optimizer_step=step,
+                                hpz=hpz,
                             )
                         except InvalidSpecError:
                             continue  # e.g. an 8-bit optimizer cannot be offloaded

@@ -182,6 +182,8 @@ def trace_step(req: dict) -> dict:
         if stage == 3:
             if spec.offload_params == "none":
                 keep.append(_flat(torch, weight_bytes / dp, torch.uint8, tracker, "weights"))
+            if spec.hpz > 1:  # ZeRO++ hpZ: the secondary shards, as the memory model counts them
+                keep.append(_flat(torch, weight_bytes / spec.hpz, torch.uint8, tracker, "weights"))
             z3 = req["zero3"]
             zero3 = Zero3Gather(
                 model,
