@@ -100,6 +100,22 @@ def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, f
     return modelled, max(json.loads(f.read_text())["peak"] for f in out.glob("rank-*.json"))
 
 
+def measure_secondary(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, list[float]]:
+    """(modelled, measured on each rank) bytes of ZeRO++ hpZ's secondary weight shards: what the
+    memory model adds to a ZeRO-3 rank's weights from the backward to the step for --hpz, against
+    the ds_secondary_tensor bytes DeepSpeed holds at the end of the measured step's backward."""
+    from launcher.hardware import parse_gpus
+    from launcher.memory import states as S
+    from launcher.models.hf_config import arch_from_hf_config
+
+    out = _run(root, spec, gpus, hf_config)
+    arch = arch_from_hf_config(hf_config, "probe")
+    dp = parse_gpus(gpus).world_size
+    p = S.stage_params(arch, spec, arch.layers, True, True)
+    modelled = S.model_states(spec, p, dp).secondary
+    return modelled, [json.loads(f.read_text())["secondary"] for f in sorted(out.glob("rank-*.json"))]
+
+
 def measured(step_fn):
     def step(self, batches, step: int):
         if step != MEASURED_STEP:
@@ -107,15 +123,38 @@ def measured(step_fn):
         gc.collect()
         with ActivationPeak(self.ds.module.parameters()) as live:
             out = step_fn(self, batches, step)
+        secondary = SECONDARY.pop("bytes", 0)
         path = Path(os.environ["FTLAUNCH_PROBE_OUT"]) / f"rank-{os.environ['RANK']}.json"
         path.write_text(json.dumps({"activation_peak": live.activation_peak, "peak": live.peak,
-                                    "grad_peak": live.grad_peak}))  # fmt: skip
+                                    "grad_peak": live.grad_peak, "secondary": secondary}))  # fmt: skip
         return out
 
     return step
 
 
+SECONDARY: dict[str, int] = {}  # ZeRO++ hpZ's secondary weight shards at the end of the measured backward
+
+
+def secondary_after(backward):
+    """DeepSpeed's backward, then the bytes of the secondary shards it left on this rank (made as
+    modules are released, dropped after the optimizer step)."""
+
+    def run(self, *args, **kwargs):
+        out = backward(self, *args, **kwargs)
+        SECONDARY["bytes"] = max(SECONDARY.get("bytes", 0), sum(
+            t.numel() * t.element_size()
+            for t in (getattr(p, "ds_secondary_tensor", None) for p in self.module.parameters())
+            if t is not None
+        ))  # fmt: skip
+        return out
+
+    return run
+
+
 if __name__ == "__main__":
+    import deepspeed
+
+    deepspeed.DeepSpeedEngine.backward = secondary_after(deepspeed.DeepSpeedEngine.backward)
     engines.Pipeline.step = measured(engines.Pipeline.step)
     engines.DataParallel.step = measured(engines.DataParallel.step)
     loop.exit_process(loop.main())  # as the worker ends (loop.exit_process: a rare teardown abort with offload)

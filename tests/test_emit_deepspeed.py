@@ -74,7 +74,10 @@ def grid():
         yield spec
 
 
-GRID = list(grid())
+# ZeRO++ hpZ on ZeRO-3 (8-GPU nodes), with and without optimizer offload
+GRID = list(grid()) + [
+    TrainSpec(zero_stage=3, hpz=8, offload_optimizer=off, micro_batch=2, grad_accum=4) for off in ("none", "cpu")
+]
 
 
 def test_grid_is_broad():
@@ -88,6 +91,7 @@ def test_grid_is_broad():
     GRID,
     ids=lambda s: (
         f"z{s.zero_stage}-{s.offload_optimizer}-{s.offload_params}-{s.precision}-tp{s.tp}-{s.optimizer}"
+        + (f"-hpz{s.hpz}" if s.hpz > 1 else "")
     ),
 )
 def test_deepspeed_accepts_config(spec, ds_parser):
@@ -112,6 +116,7 @@ def test_deepspeed_accepts_config(spec, ds_parser):
         assert z.gather_16bit_weights_on_model_save is True
     if spec.tp > 1:
         assert cfg["tensor_parallel"]["autotp_size"] == spec.tp
+    assert z.zero_hpz_partition_size == spec.hpz
 
 
 def test_buckets_follow_hidden_size():

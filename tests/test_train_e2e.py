@@ -247,3 +247,20 @@ def test_optimizer_in_backward_trains_the_curve_of_the_step_after_backward(tmp_p
         assert len(logged) == (step == "in-backward")
     assert len(curves["in-backward"]) == 4 and curves["in-backward"][-1] < curves["in-backward"][0], curves
     assert curves["in-backward"] == pytest.approx(curves["after-backward"], rel=1e-4), curves
+
+
+def test_zero3_hpz_trains_the_curve_of_plain_zero3(tmp_path):
+    """ZeRO++ hpZ (--hpz 2) on 4 ranks, in groups of 2: the backward gathers each weight from the
+    secondary shards of its group's 2 ranks, which hold the same values, so the loss curve is plain
+    ZeRO-3's bit for bit; the emitted config is what turns it on."""
+    curves = {}
+    for hpz in (1, 2):
+        spec = TrainSpec(zero_stage=3, micro_batch=2, seq_len=64, hpz=hpz)
+        run_dir, argv = make_run(tmp_path / f"hpz{hpz}", f"hpz{hpz}", spec, gpus="1x4xA100", max_steps=3, save_every=3, lr=1e-3)
+        config = json.loads((run_dir / "ds_config.json").read_text())
+        assert config["zero_optimization"].get("zero_hpz_partition_size", 1) == hpz
+        proc = run_torchrun(argv)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        curves[hpz] = [r["loss"] for r in metrics(run_dir)]
+    assert len(curves[2]) == 3 and curves[2][-1] < curves[2][0], curves
+    assert curves[2] == curves[1], curves

@@ -194,21 +194,27 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
         "LM head backward": _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persistent_grads + persistent_fp32),
         # the first block's backward (recomputed if checkpointed): every later block's gradient
         # already exists unless ZeRO-2/3 reduced it away; matters when attention is unfused
+        # (ZeRO++ hpZ: the secondary weight shards of every module the backward has released)
         "first block backward": {
             "zero_buffers": window,
             "activations": A.first_block_backward(arch, spec, per_layer, targets) if first else 0.0,
             "gradients": st.grads + persistent_fp32,
+            "secondary": st.secondary,
         },
         # every gradient made, and DeepSpeed's copies of them (launcher/memory/transients.py)
         # (ZeRO-3 has released all but the first module it gathered: the embedding)
-        "backward end": {"zero_buffers": min(window, p.largest_module * e), "gradients": moments_g.backward_end},
+        "backward end": {
+            "zero_buffers": min(window, p.largest_module * e),
+            "gradients": moments_g.backward_end,
+            "secondary": st.secondary,
+        },
         # gathered parameters released; the fp32 gradient and DeepSpeed's copies for the step
-        "optimizer step": {"gradients": moments_g.optimizer_step},
+        "optimizer step": {"gradients": moments_g.optimizer_step, "secondary": st.secondary},
     }
     phase = max(moments, key=lambda k: sum(moments[k].values()))
     now = moments[phase]
     comps = {
-        "weights": st.weights,
+        "weights": st.weights + now.get("secondary", 0.0),  # ZeRO++ hpZ's secondary shards, where made
         "gradients": now["gradients"],
         "master_weights": st.master,
         "optimizer_states": resident_opt,
@@ -243,10 +249,17 @@ def _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persist
     }
     if not arch.lm_head_params:  # tied: the gradient is complete (and reduced) only at the embedding
         return made
+    moments = [made]
+    secondary = arch.lm_head_params * e / spec.hpz if spec.hpz > 1 and spec.zero_stage == 3 else 0.0
+    if secondary:
+        # ZeRO++ hpZ: releasing the head makes its secondary shard while its gathered weight is
+        # still there, the logits' gradient already freed (measured: tests/test_zero_memory.py)
+        moments.append({**made, "logits_loss": tokens * arch.hidden * e + held_logits, "secondary": secondary})
     norm = T.offload_norm(arch, spec, elements, p.trainable, dp)
     released = elements * e if spec.zero_stage == 3 else 0.0
     normed = {"zero_buffers": max(0.0, window - released), "activations": stored, "gradients": persistent + grad + norm}
-    return max(made, normed, key=lambda m: sum(m.values()))
+    moments.append({**normed, "secondary": secondary} if secondary else normed)
+    return max(moments, key=lambda m: sum(m.values()))
 
 
 def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate:

@@ -221,6 +221,9 @@ class States:
     fp32_grads_persistent: bool
     host: float  # offloaded states on host RAM (per rank)
     nvme: float  # offloaded states on NVMe (per rank)
+    # ZeRO++ hpZ: this rank's secondary shards of the 16-bit weights, made as the backward releases
+    # each module and dropped after the optimizer step (DeepSpeed's invalidate_secondary_tensor)
+    secondary: float = 0.0
 
 
 def in_backward_window(spec: TrainSpec, p: StageParams, dp: int, hidden: int) -> float:
@@ -256,10 +259,11 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int, hidden: int = 0) -> S
     if stage == 3:
         # QLoRA's NF4 constants are not parameters: every rank keeps its layers' whole
         consts = p.quantizable * (C.NF4_BYTES_PER_PARAM - 0.5) if spec.method == "qlora" and spec.quant == "nf4" else 0.0
-        # ZeRO++ hpZ: each forward gather also keeps this rank's 1/hpz slice of the whole weight
-        # (its secondary shard, for the backward's gather inside the node) until the step
-        weights = (weights - consts) / dp + consts + ((weights - consts) / spec.hpz if spec.hpz > 1 else 0.0)
+        secondary = (weights - consts) / spec.hpz if spec.hpz > 1 else 0.0
+        weights = (weights - consts) / dp + consts
         fp32g = min(fp32g, 4 * C.STAGE3_SUB_GROUP_SIZE) if mixed(spec) else fp32g
+    else:
+        secondary = 0.0
     host = nvme = 0.0
     if spec.offload_optimizer != "none" and stage >= 2:
         # Reduced gradients go where the optimizer runs: stage 2 copies them straight into the
@@ -291,7 +295,7 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int, hidden: int = 0) -> S
     # step; what else lives around the step is launcher/memory/transients.py's.
     grads_persistent = stage == 3 or spec.grad_accum > 1
     fp32_persistent = bf16_optimizer
-    return States(weights, grads, grads_persistent, master, opt, fp32g, fp32_persistent, host, nvme)
+    return States(weights, grads, grads_persistent, master, opt, fp32g, fp32_persistent, host, nvme, secondary)
 
 
 def zero_buffers(spec: TrainSpec, arch: ModelArch, p: StageParams) -> tuple[float, float]:

@@ -182,8 +182,6 @@ def trace_step(req: dict) -> dict:
         if stage == 3:
             if spec.offload_params == "none":
                 keep.append(_flat(torch, weight_bytes / dp, torch.uint8, tracker, "weights"))
-            if spec.hpz > 1:  # ZeRO++ hpZ: the secondary shards, as the memory model counts them
-                keep.append(_flat(torch, weight_bytes / spec.hpz, torch.uint8, tracker, "weights"))
             z3 = req["zero3"]
             zero3 = Zero3Gather(
                 model,
@@ -280,8 +278,12 @@ def trace_step(req: dict) -> dict:
                     flow.boundary = micro == micro_batches - 1
                     loss.backward()
                     del loss
+                secondary = None
                 if not in_backward:
                     tracker.phase, tracker.moment = "gradients", "backward end"
+                    if stage == 3 and spec.hpz > 1:  # ZeRO++ hpZ's secondary weight shards, made
+                        # as the backward released each module (here at its end), kept to the step
+                        secondary = _flat(torch, weight_bytes / spec.hpz, torch.uint8, tracker, "weights")
                     flow.backward_end()
                 # DeepSpeed's fused Adam updates in place; torch's single-tensor AdamW makes
                 # parameter-sized temporaries: not counted, the states it keeps are
@@ -301,6 +303,7 @@ def trace_step(req: dict) -> dict:
                     opt.step()
                     _count_states(tracker, opt)
                 flow.step_done()
+                del secondary  # DeepSpeed drops them after the step (invalidate_secondary_tensor)
                 if zero3 is not None:
                     zero3.end_recording()
     return {
