@@ -89,6 +89,7 @@ def evaluate(row: dict) -> dict:
         "breakdown_s": {k: round(v, 4) for k, v in perf.breakdown.items() if v},
         "note": row.get("note", ""),
         "miss": row.get("miss", ""),
+        "source": row.get("source", ""),
     }
 
 
@@ -160,6 +161,8 @@ def markdown(results: list[dict], summary: dict) -> str:
                 lines.append(f"- {r['id']} ({r['error_pct']:+.1f} %): {r['miss'] or 'no reason recorded'}")
     lines += ["", "What the measured programs do differently:", ""]
     lines += [f"- {r['id']}: {r['note']}" for r in results if r["note"]]
+    lines += ["", "Sources:", ""]
+    lines += [f"- {r['id']}: {r['source']}" for r in results if r["source"]]
     lines += ["", "Produced by `python bench/speed_accuracy.py`."]
     return "\n".join(lines) + "\n"
 

@@ -51,6 +51,7 @@ def test_calibration_and_check_rows_are_reported_apart_with_the_target():
     assert summary["check"]["rows"] == len(checks)
     text = markdown(results, summary)
     assert "### Calibration rows" in text and "### Check rows" in text
+    assert all(r["source"] and f"- {r['id']}: {r['source']}" in text for r in results)
     # every check row outside the target is printed with its reason
     for r in checks:
         if abs(r["error_pct"]) > TARGET_WORST:

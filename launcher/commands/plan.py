@@ -248,7 +248,7 @@ def _plans_table(plans):
         )
         for i, p in enumerate(plans, 1)
     ]
-    return table((*cols, "tokens/s", "step s", "MFU"), rows, left=("offload", "ckpt"))
+    return table((*cols, f"tokens/s ±{SPEED_UNCERTAINTY:.0%}", "step s", "MFU"), rows, left=("offload", "ckpt"))
 
 
 def _print_chosen(out, plan: Plan, cost: dict) -> None:

@@ -32,7 +32,9 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              and all-gathers the updated weights; ZeRO-2 reduce-scatters every micro-batch (its
              gradients are partitioned) and all-gathers the weights once; ZeRO-3 all-gathers the
              weights in forward and in backward and reduce-scatters gradients every micro-batch,
-             one collective per layer and direction, each paying the ring's latency
+             one collective per linear module and direction (DeepSpeed fetches per submodule; the
+             emitted prefetch bucket, 0.9 h^2, and reduce bucket, h^2, are smaller than a block's
+             large linears, so they group only the small ones), each paying the ring's latency
              (COLLECTIVE_HOP_LATENCY_S per hop, dp - 1 hops) on top of its bytes: at large dp and
              small micro-batches that floor no longer hides behind compute. ZeRO++ hpZ (--hpz N):
              the backward gathers from secondary shards over N ranks inside the node (its link,
@@ -303,8 +305,8 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
             zero_mb = _exposed(ring * grads / bw, window)
             zero_step = ring * grads / bw
         else:
-            # per layer: gather forward, gather backward, reduce-scatter the gradients; under hpZ
-            # the backward gathers from the secondary shards inside the node
+            # per linear module of each layer: gather forward, gather backward, reduce-scatter the
+            # gradients; under hpZ the backward gathers from the secondary shards inside the node
             hops = 2 * (dp - 1)
             if spec.hpz > 1:
                 back = (spec.hpz - 1) / spec.hpz * weights / intra
@@ -312,7 +314,7 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
             else:
                 back = ring * weights / bw
                 hops += dp - 1
-            latency = layers * hops * C.COLLECTIVE_HOP_LATENCY_S
+            latency = layers * len(arch.linears) * hops * C.COLLECTIVE_HOP_LATENCY_S
             zero_mb = _exposed(ring * (weights + grads) / bw + back + latency, window)
 
     # offload traffic and the optimizer step
