@@ -79,12 +79,15 @@ def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, f
     the peak of the second step's new storages, against the estimate's peak less what it counts as
     kept from step to step (the weights' partition, master weights, optimizer states, persistent
     gradient buffer of ZeRO-3 and the reduce bucket, all made by the first step)."""
+    return _step_figures(_run(root, spec, gpus, hf_config), spec, gpus, hf_config)
+
+
+def _step_figures(out: Path, spec, gpus: str, hf_config: dict) -> tuple[float, float]:
     from launcher.hardware import parse_gpus
     from launcher.memory import states as S
     from launcher.memory.estimate import estimate
     from launcher.models.hf_config import arch_from_hf_config
 
-    out = _run(root, spec, gpus, hf_config)
     cluster = parse_gpus(gpus)
     arch = arch_from_hf_config(hf_config, "probe")
     dp = cluster.world_size // (spec.tp * spec.pp)
@@ -100,20 +103,21 @@ def measure_step(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, f
     return modelled, max(json.loads(f.read_text())["peak"] for f in out.glob("rank-*.json"))
 
 
-def measure_secondary(root: Path, spec, gpus: str, hf_config: dict) -> tuple[float, list[float]]:
-    """(modelled, measured on each rank) bytes of ZeRO++ hpZ's secondary weight shards: what the
-    memory model adds to a ZeRO-3 rank's weights from the backward to the step for --hpz, against
-    the ds_secondary_tensor bytes DeepSpeed holds at the end of the measured step's backward."""
+def measure_hpz(root: Path, spec, gpus: str, hf_config: dict) -> tuple[tuple[float, float], tuple[float, list[float]]]:
+    """One run of a ZeRO++ hpZ plan: measure_step's (modelled, measured) step figures, and the
+    (modelled, measured on each rank) bytes of its secondary weight shards: what the memory model
+    adds to a ZeRO-3 rank's weights from the backward to the step, against the ds_secondary_tensor
+    bytes DeepSpeed holds at the end of the measured step's backward."""
     from launcher.hardware import parse_gpus
     from launcher.memory import states as S
     from launcher.models.hf_config import arch_from_hf_config
 
     out = _run(root, spec, gpus, hf_config)
     arch = arch_from_hf_config(hf_config, "probe")
-    dp = parse_gpus(gpus).world_size
     p = S.stage_params(arch, spec, arch.layers, True, True)
-    modelled = S.model_states(spec, p, dp).secondary
-    return modelled, [json.loads(f.read_text())["secondary"] for f in sorted(out.glob("rank-*.json"))]
+    modelled = S.model_states(spec, p, parse_gpus(gpus).world_size).secondary
+    measured = [json.loads(f.read_text())["secondary"] for f in sorted(out.glob("rank-*.json"))]
+    return _step_figures(out, spec, gpus, hf_config), (modelled, measured)
 
 
 def measured(step_fn):

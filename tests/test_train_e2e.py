@@ -256,11 +256,11 @@ def test_zero3_hpz_trains_the_curve_of_plain_zero3(tmp_path):
     curves = {}
     for hpz in (1, 2):
         spec = TrainSpec(zero_stage=3, micro_batch=2, seq_len=64, hpz=hpz)
-        run_dir, argv = make_run(tmp_path / f"hpz{hpz}", f"hpz{hpz}", spec, gpus="1x4xA100", max_steps=3, save_every=3, lr=1e-3)
+        run_dir, argv = make_run(tmp_path / f"hpz{hpz}", f"hpz{hpz}", spec, gpus="1x4xA100", max_steps=2, save_every=2, lr=1e-3)
         config = json.loads((run_dir / "ds_config.json").read_text())
         assert config["zero_optimization"].get("zero_hpz_partition_size", 1) == hpz
         proc = run_torchrun(argv)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         curves[hpz] = [r["loss"] for r in metrics(run_dir)]
-    assert len(curves[2]) == 3 and curves[2][-1] < curves[2][0], curves
+    assert len(curves[2]) == 2 and curves[2][-1] < curves[2][0], curves
     assert curves[2] == curves[1], curves
