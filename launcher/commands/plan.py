@@ -227,6 +227,11 @@ def _offload(spec) -> str:
     return ",".join(f"{w}:{DEVICE[d]}" for w, d in (("opt", opt), ("params", params)) if d != "none")
 
 
+def _zero(spec) -> str:
+    """The ZeRO stage as the tables show it, with ZeRO++ hpZ's group size: '3', '3 hpZ8'."""
+    return f"{spec.zero_stage}" + (f" hpZ{spec.hpz}" if spec.hpz > 1 else "")
+
+
 def _plans_table(plans):
     from launcher.render import ckpt_label, gib, secs, table
 
@@ -234,7 +239,7 @@ def _plans_table(plans):
     rows = [
         (
             str(i),
-            str(p.spec.zero_stage) + (f" hpZ{p.spec.hpz}" if p.spec.hpz > 1 else ""),
+            _zero(p.spec),
             _offload(p.spec),
             f"{p.spec.tp}x{p.spec.pp}x{p.dp}",
             f"{p.spec.micro_batch} x {p.spec.grad_accum}",
@@ -374,7 +379,7 @@ def _print_selection(arch, base, sel, tokens) -> None:
     rows = []
     for ch in sel.choices:
         p, s = ch.plan, ch.plan.spec
-        sharding = f"ZeRO-{s.zero_stage}{f' hpZ{s.hpz}' if s.hpz > 1 else ''} {_offload(s)}".replace(" -", "")
+        sharding = f"ZeRO-{_zero(s)} {_offload(s)}".replace(" -", "")
         row = [
             ch.shape + ("" if ch.smallest else " (cheaper)"),
             f"{sharding} | {s.tp}x{s.pp}x{p.dp} | {s.micro_batch} x {s.grad_accum} | {ckpt_label(s)}",

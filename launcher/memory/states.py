@@ -256,14 +256,14 @@ def model_states(spec: TrainSpec, p: StageParams, dp: int, hidden: int = 0) -> S
         fp32g /= dp
     if stage >= 2:
         grads /= dp
+    secondary = 0.0
     if stage == 3:
         # QLoRA's NF4 constants are not parameters: every rank keeps its layers' whole
         consts = p.quantizable * (C.NF4_BYTES_PER_PARAM - 0.5) if spec.method == "qlora" and spec.quant == "nf4" else 0.0
-        secondary = (weights - consts) / spec.hpz if spec.hpz > 1 else 0.0
+        if spec.hpz > 1:
+            secondary = (weights - consts) / spec.hpz
         weights = (weights - consts) / dp + consts
         fp32g = min(fp32g, 4 * C.STAGE3_SUB_GROUP_SIZE) if mixed(spec) else fp32g
-    else:
-        secondary = 0.0
     host = nvme = 0.0
     if spec.offload_optimizer != "none" and stage >= 2:
         # Reduced gradients go where the optimizer runs: stage 2 copies them straight into the
