@@ -28,13 +28,17 @@ from bench.speed_accuracy import CASES, evaluate  # noqa: E402
 from launcher.planner import constants as C  # noqa: E402
 
 CONSTANTS = ROOT / "launcher" / "planner" / "constants.py"
-# name: (low, high, digits written)
+# name: (low, high, start, digits written). Every fit starts from the same point, so it is
+# reproducible: the objective is flat along some constants (attention and overlap trade against the
+# GEMM efficiency on these rows), and a search started from its last result drifts along that
+# valley. Fused attention is bounded by what FlashAttention-2 publishes (50-73 % of the A100's peak
+# forward, less backward: 0.55-0.8 of the large-GEMM rate), not by 1.
 FITTED = {
-    "MATMUL_EFFICIENCY": (0.30, 0.95, 3),
-    "FAST_GPU_EFFICIENCY_RATIO": (0.40, 1.00, 3),
-    "ELEMENTWISE_BYTES": (0.0, 800.0, 0),
-    "ATTENTION_EFFICIENCY_RATIO": (0.2, 1.0, 3),
-    "OVERLAP": (0.0, 1.0, 2),
+    "MATMUL_EFFICIENCY": (0.30, 0.95, 0.80, 3),
+    "FAST_GPU_EFFICIENCY_RATIO": (0.40, 1.00, 0.80, 3),
+    "ELEMENTWISE_BYTES": (0.0, 800.0, 100.0, 0),
+    "ATTENTION_EFFICIENCY_RATIO": (0.4, 0.85, 0.6, 3),
+    "OVERLAP": (0.0, 1.0, 0.5, 2),
 }
 GOLDEN = (math.sqrt(5) - 1) / 2
 
@@ -70,10 +74,15 @@ def _search(name: str, lo: float, hi: float, calibration: list[dict], steps: int
 
 
 def fit(calibration: list[dict], sweeps: int = 4, steps: int = 18) -> dict[str, float]:
+    for name, (_lo, _hi, start, _digits) in FITTED.items():
+        setattr(C, name, start)
     for _ in range(sweeps):
-        for name, (lo, hi, _digits) in FITTED.items():
+        for name, (lo, hi, _start, _digits) in FITTED.items():
             _search(name, lo, hi, calibration, steps)
-    return {name: round(getattr(C, name), digits) if digits else round(getattr(C, name)) for name, (_, _, digits) in FITTED.items()}
+    return {
+        name: round(getattr(C, name), digits) if digits else round(getattr(C, name))
+        for name, (_, _, _, digits) in FITTED.items()
+    }
 
 
 def errors(role: str) -> list[float]:

@@ -75,7 +75,24 @@ def test_tensor_parallel_all_reduces_only_when_tp_is_above_one():
     tp2 = perf(TrainSpec(grad_accum=4, tp=2)).breakdown
     tokens, hidden = 2048, LLAMA.hidden
     per_mb = LLAMA.layers * 4 * 2 * (1 / 2) * tokens * hidden * 2 / 300e9
+    # AutoTP's column-parallel LM head: its logits all-gathered, its input's gradient all-reduced
+    per_mb += (1 / 2) * tokens * (LLAMA.vocab + 2 * hidden) * 2 / 300e9
     assert tp2["tp_comm"] == pytest.approx(4 * per_mb)
+
+
+def test_the_lm_head_is_split_over_the_tensor_parallel_group():
+    """DeepSpeed's AutoTP training splits the LM head's rows over the TP ranks (measured: tiny-llama's
+    512 x 64 head is 256 x 64 on each of 2 ranks), so its FLOPs and its weights are split too."""
+    from launcher.memory.states import stage_params
+
+    tp1, tp2 = TrainSpec(grad_accum=4), TrainSpec(grad_accum=4, tp=2)
+    # half the work, a little slower per FLOP on the narrower GEMMs; an unsplit head (~13 % of an
+    # 8B Llama's FLOPs with its 128k vocabulary) would leave the ratio near 0.57
+    ratio = perf(tp2).breakdown["compute"] / perf(tp1).breakdown["compute"]
+    assert 0.5 < ratio < 0.52
+    # the TP rank no longer holds half of every block linear and half of the head (Llama: no biases)
+    one, two = (stage_params(LLAMA, s, LLAMA.layers, True, True).total for s in (tp1, tp2))
+    assert one - two == (LLAMA.layers * LLAMA.linear_params_per_layer + LLAMA.lm_head_params) / 2
 
 
 def test_pipeline_bubble_is_pp_minus_one_slots():

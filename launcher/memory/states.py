@@ -147,23 +147,26 @@ def _count_stage_params(
             trainable += r * (arch.vocab + width)
             ada += 2 * r + arch.vocab + width
     norms = layers * arch.layer_norm_params
-    edge = 0.0
+    mats = []  # (rows, cols) of the vocabulary matrices this stage holds
     if first:
-        edge += arch.embedding_params
+        mats.append((arch.vocab, width))
         largest = max(largest, arch.embed_matrix_params)
-    if last:
-        edge += arch.final_norm_params + arch.lm_head_params
-        if arch.lm_head_params == 0 and not first:
-            edge += arch.embed_matrix_params  # tied head held again by the last pipeline stage
+    if last and arch.lm_head_params:
+        # DeepSpeed's AutoTP training splits an untied LM head by its output rows (column-parallel,
+        # the logits gathered whole; measured on 2 CPU ranks). A tied head is counted whole: AutoTP
+        # makes it and the embedding vocabulary-parallel only for the families it recognises.
+        mats.append((arch.lm_head_params / width / tp, width))
+    elif last and not first:
+        mats.append((arch.vocab, width))  # tied head held again by the last pipeline stage
+    mat_params = sum(r * c for r, c in mats)
+    edge = mat_params + (arch.embedding_params - arch.embed_matrix_params if first else 0.0)
+    edge += arch.final_norm_params if last else 0.0
     other += norms + edge
     if spec.method == "full":
         trainable += norms + edge
-        # Adafactor factors every matrix (rows + cols values) and keeps 1-D params whole
-        # (embedding and LM head: V + h each); positions, norms and biases are kept whole
-        n_mats = int(first) + int(last and (arch.lm_head_params > 0 or not first))
-        ada += (
-            norms + n_mats * (arch.vocab + (arch.embed_dim or arch.hidden)) + max(0.0, edge - n_mats * arch.embed_matrix_params)
-        )
+        # Adafactor factors every matrix (rows + cols values) and keeps 1-D params whole;
+        # positions, norms and biases are kept whole
+        ada += norms + sum(r + c for r, c in mats) + (edge - mat_params)
     return StageParams(quantizable, other, trainable, ada, largest)
 
 

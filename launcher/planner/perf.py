@@ -240,7 +240,8 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
     tokens = spec.micro_batch * spec.seq_len  # per GPU per micro-batch
     rate = peak_flops(gpu, spec.precision) * matmul_efficiency(gpu, spec.precision)
     block_rate = rate * gemm_shape(arch, tp, tokens)
-    head_rate = rate * _shape(tokens, arch.hidden, arch.vocab)
+    # the LM head is split over the TP group (AutoTP: column-parallel; Megatron: vocabulary-parallel)
+    head_rate = rate * _shape(tokens, arch.hidden, arch.vocab / tp) * tp
     f = token_flops(arch, spec)
     attn_rate = rate * attention_efficiency(arch, spec)
 
@@ -283,6 +284,8 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
     if tp > 1:
         n = 4 + (2 if spec.grad_ckpt == "full" else 0)
         tp_comm = layers * n * 2 * (tp - 1) / tp * tokens * arch.hidden * e / intra
+        if with_head:  # the split head: its logits gathered whole, its input's gradient all-reduced
+            tp_comm += (tp - 1) / tp * tokens * (arch.vocab + 2 * arch.hidden) * e / intra
 
     pp_comm = 0.0
     if pp > 1:
