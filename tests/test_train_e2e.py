@@ -152,6 +152,12 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     assert sum(losses[-2:]) < sum(losses[:2]), losses
     final = json.loads((run_dir / "output" / "final.json").read_text())
     assert reload_loss(run_dir, spec) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
+    if spec.tp > 1:  # AutoTP's split (block linears and the untied LM head) is what the model counts
+        from launcher.memory.states import stage_params
+
+        arch = resolve_model("tiny-llama")
+        held = next(e for e in events(run_dir) if e["event"] == "tensor_parallel")["parameters"]
+        assert held == stage_params(arch, spec, arch.layers, True, True).total
     if spec.method == "qlora":
         # every block linear trained quantised (tiny-llama: 2 blocks x 7), the head not
         assert {"event": "quantized", "format": spec.quant, "layers": 14} in events(run_dir)

@@ -252,6 +252,9 @@ def train(run_dir: Path) -> int:
 
     trainer = engines.build(model, params, spec, ds_config, optimizer_for, schedule, rank, world, blocks)
     engine = trainer.ds
+    if spec.tp > 1:  # what AutoTP left on this rank: the memory model's count of one TP rank's weights
+        held = sum(p.numel() for p in engine.module.parameters())
+        _log(run_dir, rank, {"event": "tensor_parallel", "tp": spec.tp, "parameters": held})
     if spec.optimizer_step == "in-backward":
         _log(run_dir, rank, {"event": "optimizer_in_backward", "parameters": len(params), "gradient_clipping": 0.0})
     device = engine.device
