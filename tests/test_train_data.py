@@ -51,10 +51,10 @@ def test_bad_files(tmp_path, tok):
 
 def test_no_record_is_dropped_silently(tmp_path, tok):
     """A record in no known format is an error naming its line; --skip-bad-records skips and counts."""
-    lines = [json.dumps(r) for r in ROWS[:3]] + ["", json.dumps({"messages": []}), json.dumps(ROWS[3])]
+    lines = [json.dumps(r) for r in ROWS[:3]] + ["", json.dumps({"chat": []}), json.dumps(ROWS[3])]
     (tmp_path / "mixed.jsonl").write_text("\n".join(lines))
     records = read_records(str(tmp_path / "mixed.jsonl"))
-    with pytest.raises(DataError, match=r"mixed.jsonl line 5: a record with \['messages'\]"):
+    with pytest.raises(DataError, match=r"mixed.jsonl line 5: a record with \[.chat.\]"):
         tokenize(records, tok, 64, "mixed.jsonl")
     ex = tokenize(records, tok, 64, "mixed.jsonl", skip_bad=True)
     assert (len(ex.input_ids), ex.skipped, ex.no_target) == (4, 1, 0)

@@ -56,6 +56,8 @@ CASES = {
 
 
 SMALL_SHARDS = "100KB"
+# cases that train on the shipped conversation set (chat template, assistant turns only)
+DATA = {"zero2": "demo-chat"}
 
 
 def needs_async_io(spec: TrainSpec) -> None:
@@ -77,16 +79,18 @@ def metrics(run_dir):
     return [r for r in rows if "loss" in r]
 
 
-def fixed_batch():
+def fixed_batch(data: str | None = None):
     from launcher.train.data import Batches, read_records, tokenize
     from launcher.train.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
-    ex = tokenize(read_records(None), tok, 64, "demo")
+    ex = tokenize(read_records(data), tok, 64, "demo")
     return Batches(ex, 2, 1, 2, 0, tok.pad_token_id).get(0, 0, 0)[0]
 
 
-def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True, source: str | None = None) -> float:
+def reload_loss(
+    run_dir, spec: TrainSpec, quantized_base: bool = True, source: str | None = None, data: str | None = None
+) -> float:
     """The fixed batch's loss of the exported model, reloaded as a user would: the full model with
     transformers; an adapter with peft on the same base (the random init, or the checkpoint at
     `source`), quantised as trained under QLoRA unless `quantized_base` is False (the 16-bit base a
@@ -111,7 +115,7 @@ def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True, source: s
         model = transformers.AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.bfloat16)
     model.eval()
     with torch.no_grad():
-        return float(model(**fixed_batch()).loss.float())
+        return float(model(**fixed_batch(data)).loss.float())
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -123,7 +127,8 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     # ZeRO-3's gathered export in small safetensors shards (tiny-llama is ~0.4 MB in bf16)
     shard = SMALL_SHARDS if name == "zero3" else "5GB"
     run_dir, argv = make_run(
-        tmp_path, name, spec, max_steps=8, save_every=4, lr=lr, nvme_path=nvme, max_shard_size=shard
+        tmp_path, name, spec, max_steps=8, save_every=4, lr=lr, nvme_path=nvme, max_shard_size=shard,
+        data=DATA.get(name),
     )
     proc = run_torchrun(argv)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -151,7 +156,7 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     assert len(losses) == 8
     assert sum(losses[-2:]) < sum(losses[:2]), losses
     final = json.loads((run_dir / "output" / "final.json").read_text())
-    assert reload_loss(run_dir, spec) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
+    assert reload_loss(run_dir, spec, data=DATA.get(name)) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
     if spec.tp > 1:  # AutoTP's split (block linears and the untied LM head) is what the model counts
         from launcher.memory.states import stage_params
 

@@ -15,6 +15,7 @@ from launcher import options
 from launcher.commands import program_options
 from launcher.errors import FtlaunchError
 from launcher.program import PLACEHOLDERS
+from launcher.train.data import data_argument
 
 MAX_STEPS = 10_000_000  # TrainingConfig's bound
 MAX_SEED = 2**32 - 1  # what every seeded generator the worker uses accepts
@@ -58,7 +59,9 @@ def add_parser(sub) -> None:
     t.add_argument(
         "--data",
         metavar="FILE",
-        help="JSONL / JSON / parquet (prompt+response or text); default: the shipped demo set",
+        help="JSONL / JSON / parquet / saved datasets dir: prompt+response, instruction+output, text, "
+        "messages (role/content) or ShareGPT conversations (from/value; rendered with the tokenizer's chat "
+        "template, trained on the assistant turns); `demo` (default) or `demo-chat`: the shipped demo sets",
     )
     t.add_argument(
         "--tokenizer",
@@ -351,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
 
         refuse_if_active(existing.resolve(), "planning it again")
     training = TrainingConfig(
-        data=str(Path(args.data).resolve()) if args.data else None,
+        data=data_argument(args.data),
         tokenizer=args.tokenizer or (None if args.init == "random" else source),
         init=args.init,
         max_steps=args.max_steps,

@@ -2,7 +2,9 @@
 batched deterministically so that step N always sees the same samples (exact resume).
 
 Records with `prompt` and `response` (or instruction/input/output) train on the response only
-(prompt tokens masked with -100); records with `text` train on all of it.
+(prompt tokens masked with -100); records with `text` train on all of it; conversations (`messages`
+or ShareGPT `conversations`) are rendered with the tokenizer's chat template and train on the
+assistant turns only (launcher/train/chat.py).
 """
 
 from __future__ import annotations
@@ -14,27 +16,37 @@ from importlib import resources
 from pathlib import Path
 
 from launcher.errors import FtlaunchError
+from launcher.train import chat
 
 IGNORE = -100
 DEMO = "demo_instruct.jsonl"
+# --data NAME: the shipped demo sets (an existing file of that name is taken instead)
+DEMOS = {"demo": DEMO, "demo-chat": "demo_chat.jsonl"}
 
 
 class DataError(FtlaunchError):
     pass
 
 
-def demo_path() -> Path:
-    return Path(str(resources.files("launcher.data").joinpath(DEMO)))
+def data_argument(value: str | None) -> str | None:
+    """What plan.json records for --data: an existing file's absolute path, a shipped demo set's name."""
+    if value is None or (value in DEMOS and not Path(value).exists()):
+        return value
+    return str(Path(value).resolve())
+
+
+def demo_path(name: str = "demo") -> Path:
+    return Path(str(resources.files("launcher.data").joinpath(DEMOS[name])))
 
 
 MAX_TEXT_FILE = 2 * 2**30  # JSON / JSONL are read whole; larger sets: parquet or a saved datasets dir
 MAX_RECORD = 16 * 2**20  # one JSONL line
-FORMATS = "prompt+response, instruction(+input)+output, or text"
+FORMATS = f"prompt+response, instruction(+input)+output, text, {chat.FORMATS}"
 
 
 def read_records(path: str | None) -> list[tuple[str, object]]:
     """The records of a data file, each with where it is ("line 7", "record 3") for errors."""
-    p = demo_path() if path is None else Path(path)
+    p = demo_path(path or "demo") if path is None or (path in DEMOS and not Path(path).exists()) else Path(path)
     shown = repr(str(p))
     try:
         if not p.exists():
@@ -105,37 +117,51 @@ def _fields(row) -> tuple[str, str] | None:
 class Examples:
     input_ids: list[list[int]]
     labels: list[list[int]]
-    skipped: int = 0  # records that fit no format (with skip_bad_records)
+    skipped: int = 0  # records that cannot be trained on (with skip_bad_records)
     no_target: int = 0  # records whose response starts beyond seq_len (nothing to learn from)
 
     def report(self, source: str) -> str:
         return (
-            f"{source}: {len(self.input_ids)} record(s) used, {self.skipped} skipped (no known format), "
+            f"{source}: {len(self.input_ids)} record(s) used, {self.skipped} skipped (no known format, or a "
+            "conversation that cannot be trained on), "
             f"{self.no_target} with no response token within the sequence length"
         )
 
 
+def _example(row, tokenizer, chars: int, source: str) -> tuple[list[int], list[int]]:
+    """(token ids, labels) of one record; ConversationError when it cannot be trained on."""
+    turns = chat.conversation(row)
+    if turns is not None:
+        why = chat.template_problem(tokenizer)
+        if why:  # the whole file's problem, never skipped
+            raise DataError(f"{source} holds conversations, and {why}")
+        seq, trained = chat.encode(tokenizer, turns, chars)
+        return seq, [t if keep else IGNORE for t, keep in zip(seq, trained, strict=True)]
+    pair = _fields(row)
+    if pair is None:
+        keys = sorted(row)[:6] if isinstance(row, dict) else type(row).__name__
+        raise chat.ConversationError(f"a record with {keys}, which fits no format ({FORMATS})")
+    prompt, response = pair[0][:chars], pair[1][:chars]
+    p = tokenizer(prompt + ("\n" if prompt else ""), add_special_tokens=False)["input_ids"]
+    r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    seq = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + p + r
+    return seq, [IGNORE] * (len(seq) - len(r)) + r
+
+
 def tokenize(records, tokenizer, seq_len: int, source: str, skip_bad: bool = False) -> Examples:
-    """Token ids and labels; a record that fits no format is an error naming where it is, unless
+    """Token ids and labels; a record that cannot be trained on (no known format, a conversation
+    without an assistant turn or with an unknown role) is an error naming where it is, unless
     skip_bad (then it is counted). Text beyond what seq_len tokens can hold is not tokenised."""
     ids, labels, skipped, no_target = [], [], 0, 0
     chars = seq_len * 64  # no vocabulary has tokens this long on average: the cut never changes a result
     for where, row in records:
-        pair = _fields(row)
-        if pair is None:
+        try:
+            seq, lab = _example(row, tokenizer, chars, source)
+        except chat.ConversationError as exc:
             if not skip_bad:
-                keys = sorted(row)[:6] if isinstance(row, dict) else type(row).__name__
-                raise DataError(
-                    f"{source} {where}: a record with {keys}, which fits no format ({FORMATS}); "
-                    "fix it, or pass --skip-bad-records to skip such records"
-                )
+                raise DataError(f"{source} {where}: {exc}; fix it, or pass --skip-bad-records to skip such records") from None
             skipped += 1
             continue
-        prompt, response = pair[0][:chars], pair[1][:chars]
-        p = tokenizer(prompt + ("\n" if prompt else ""), add_special_tokens=False)["input_ids"]
-        r = tokenizer(response, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        seq = ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + p + r
-        lab = [IGNORE] * (len(seq) - len(r)) + r
         seq, lab = seq[:seq_len], lab[:seq_len]
         if any(x != IGNORE for x in lab):
             ids.append(seq)

@@ -1,7 +1,8 @@
 """Tokenizers: the one the user names, or a byte-level one built locally (no download).
 
 The local tokenizer maps every UTF-8 byte to one token (ids 0-255) plus <pad>, <s>, </s>: any
-text round-trips, and it fits tiny test models (vocab >= 259).
+text round-trips, and it fits tiny test models (vocab >= 259). Its chat template is
+launcher/train/chat.py's BYTE_TEMPLATE.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from launcher.errors import FtlaunchError
+from launcher.train.chat import BYTE_TEMPLATE
 
 SPECIALS = ["<pad>", "<s>", "</s>"]
 BYTE_VOCAB = 256 + len(SPECIALS)
@@ -25,7 +27,9 @@ def byte_tokenizer():
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    out = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+    out.chat_template = BYTE_TEMPLATE  # conversations render offline too (demos, tests)
+    return out
 
 
 def load_tokenizer(name: str | None, model_source: str, vocab_size: int):
