@@ -12,13 +12,10 @@ import time
 from pathlib import Path
 
 from launcher import options
-from launcher.commands import program_options
+from launcher.commands import program_options, training_options
 from launcher.errors import FtlaunchError
 from launcher.program import PLACEHOLDERS
-from launcher.train.data import data_argument
 
-MAX_STEPS = 10_000_000  # TrainingConfig's bound
-MAX_SEED = 2**32 - 1  # what every seeded generator the worker uses accepts
 HELP = "plan, write the run directory and start the fine-tune (the default command)"
 EPILOG = """examples:
   ftlaunch --model bloom-176b --gpus 8xA100 --dry-run             write runs/<name>/, print the command
@@ -55,81 +52,7 @@ def add_parser(sub) -> None:
         metavar="F",
         help=f"fraction of GPU memory kept free (default {DEFAULT_MARGIN})",
     )
-    t = p.add_argument_group("training run")
-    t.add_argument(
-        "--data",
-        metavar="FILE",
-        help="JSONL / JSON / parquet / saved datasets dir: prompt+response, instruction+output, text, "
-        "messages (role/content) or ShareGPT conversations (from/value; rendered with the tokenizer's chat "
-        "template, trained on the assistant turns); `demo` (default) or `demo-chat`: the shipped demo sets",
-    )
-    t.add_argument(
-        "--tokenizer",
-        metavar="ID",
-        help="tokenizer hub id or path (default: the model's, or the built-in byte tokenizer with --init random)",
-    )
-    t.add_argument(
-        "--init",
-        choices=("pretrained", "random"),
-        default="pretrained",
-        help="pretrained weights (default) or a model built from its config (demos, tests)",
-    )
-    t.add_argument(
-        "--max-steps",
-        type=options.at_most(options.positive_int, MAX_STEPS),
-        default=50,
-        metavar="N",
-        help=f"optimizer steps (default 50, at most {MAX_STEPS:,})",
-    )
-    t.add_argument(
-        "--lr",
-        type=options.at_most(options.positive_float, 1.0),
-        metavar="LR",
-        help="peak learning rate, below 1 (default 2e-5 full, 2e-4 LoRA)",
-    )
-    t.add_argument(
-        "--warmup-steps", type=options.at_most(options.non_negative_int, MAX_STEPS), default=0, metavar="N"
-    )
-    t.add_argument(
-        "--save-every",
-        type=options.at_most(options.positive_int, MAX_STEPS),
-        default=10,
-        metavar="N",
-        help="checkpoint interval in steps (default 10)",
-    )
-    t.add_argument(
-        "--keep-last",
-        type=options.at_most(options.positive_int, 1000),
-        default=2,
-        metavar="K",
-        help="checkpoints kept (default 2)",
-    )
-    t.add_argument(
-        "--seed",
-        type=options.at_most(options.non_negative_int, MAX_SEED),
-        default=0,
-        help=f"random seed, 0-{MAX_SEED} (default 0)",
-    )
-    t.add_argument(
-        "--merge-adapter",
-        action="store_true",
-        help="LoRA / QLoRA: besides the adapter (output/final), write it merged into the 16-bit base "
-        "as a full model (output/final-merged; rank 0 holds the whole 16-bit model on the host for it)",
-    )
-    t.add_argument(
-        "--max-shard-size",
-        type=options.shard_size,
-        default="5GB",
-        metavar="SIZE",
-        help="largest safetensors file of the final model, e.g. 5GB, 500MB, 2GiB (default 5GB); "
-        "above it the model is sharded with an index. Pipeline plans write one shard per stage",
-    )
-    t.add_argument(
-        "--skip-bad-records",
-        action="store_true",
-        help="skip data records that fit no format (default: such a record is an error naming its line); "
-        "the count is reported",
-    )
+    training_options.add(p)
     u = p.add_argument_group(
         "your own training program (instead of ftlaunch's worker)",
         "Each rank runs it under the launcher with the torchrun environment (RANK, WORLD_SIZE, LOCAL_RANK, "
@@ -317,8 +240,7 @@ def _explain_text(result) -> str:
 def run(args: argparse.Namespace) -> int:
     from launcher.backends.ray import submit_command as ray_submit_command
     from launcher.emit import artifacts
-    from launcher.emit.deepspeed import DEFAULT_LR
-    from launcher.rundir import TrainingConfig, check_name
+    from launcher.rundir import check_name
 
     slurm = _slurm_options(args)
     ray = _ray_options(args)
@@ -353,20 +275,7 @@ def run(args: argparse.Namespace) -> int:
         from launcher.commands.jobs import refuse_if_active
 
         refuse_if_active(existing.resolve(), "planning it again")
-    training = TrainingConfig(
-        data=data_argument(args.data),
-        tokenizer=args.tokenizer or (None if args.init == "random" else source),
-        init=args.init,
-        max_steps=args.max_steps,
-        lr=args.lr or DEFAULT_LR[best.spec.method],
-        warmup_steps=args.warmup_steps,
-        save_every=args.save_every,
-        keep_last=args.keep_last,
-        seed=args.seed,
-        skip_bad_records=args.skip_bad_records,
-        merge_adapter=args.merge_adapter,
-        max_shard_size=args.max_shard_size,
-    )
+    training = training_options.config(args, source, best.spec.method)
     run_file = artifacts.run_file(
         name,
         arch,
