@@ -60,11 +60,20 @@ class TrainingConfig(_Strict):
     keep_last: int = Field(2, ge=1, le=1000)
     seed: int = Field(0, ge=0, le=2**32 - 1)
     skip_bad_records: bool = False  # records that fit no format: skipped and counted, not an error
+    eval_data: str | None = None  # evaluation records (the same formats), or
+    eval_split: float = Field(0.0, ge=0, lt=1)  # a seeded fraction of the training records held out
+    eval_every: int = Field(0, ge=0, le=10_000_000)  # steps between evaluations; 0: at the end only
     log_every: int = Field(1, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     merge_adapter: bool = False  # LoRA / QLoRA: also the adapter merged into the 16-bit base
     # the final model's safetensors shards (transformers' size syntax); pipelines: one per stage
     max_shard_size: str = Field("5GB", pattern=rf"^{SHARD_SIZE}$")
+
+    @model_validator(mode="after")
+    def _one_eval_set(self):
+        if self.eval_data is not None and self.eval_split:
+            raise ValueError("eval_data and eval_split both name an evaluation set; keep one")
+        return self
 
 
 class ModelEntry(_Strict):

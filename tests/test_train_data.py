@@ -175,3 +175,44 @@ def test_padded_batches_without_a_mask_train_exactly_like_masked_ones(tok, confi
     assert sdpa_calls and not any(masked for masked, _ in sdpa_calls)
     if "num_key_value_heads" in config:  # K/V keep their 2 heads against 4 query heads
         assert not any(same_heads for _, same_heads in sdpa_calls)
+
+
+def test_the_eval_split_is_seeded_and_disjoint_and_eval_batches_cover_it_once(tok):
+    from launcher.train.data import IGNORE, eval_batches, split_eval
+
+    records = recs([{"prompt": f"q{i}", "response": f"answer {i}"} for i in range(23)])
+    train, held = split_eval(records, 0.2, 3, "f")
+    assert (len(train), len(held)) == (18, 5)
+    assert split_eval(records, 0.2, 3, "f") == (train, held)  # every rank, every start
+    assert split_eval(records, 0.2, 4, "f")[1] != held  # another seed, another split
+    assert sorted(w for w, _ in train + held) == sorted(w for w, _ in records)
+    with pytest.raises(DataError, match="leaves none to train or none to evaluate"):
+        split_eval(records[:1], 0.5, 0, "f")
+    ex = tokenize(held, tok, 64, "f")
+    # 5 records, micro-batch 2, 2 data-parallel ranks: 2 micro-batches each, the last with fillers
+    per_rank = [eval_batches(ex, 2, 2, r, tok.pad_token_id) for r in (0, 1)]
+    assert [len(b) for b in per_rank] == [2, 2]
+    seen = [
+        tuple(row[row != IGNORE].tolist())
+        for batches in per_rank
+        for batch in batches
+        for row in batch["labels"]
+        if (row != IGNORE).any()
+    ]
+    assert sorted(seen) == sorted(tuple(x for x in lab if x != IGNORE) for lab in ex.labels)
+
+
+def test_evaluation_options_are_checked_before_anything_runs(tmp_path, capsys):
+    from launcher.cli import main
+
+    tiny = ["--model", "tiny-llama", "--gpus", "1x2xA100", "--cpu", "--init", "random", "--detach"]
+    for n, (extra, needle) in enumerate([
+        (["--eval-every", "5"], "--eval-every needs an evaluation set"),
+        (["--eval-split", "1.5"], "a fraction between 0 and 1"),
+        (["--eval-split", "0.1", "--eval-data", "x.jsonl"], "not allowed with argument"),
+        (["--eval-data", str(tmp_path / "missing.jsonl")], "missing.jsonl' does not exist"),
+    ]):
+        code = main([*tiny, "--runs-dir", str(tmp_path), "--name", f"e{n}", *extra])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and needle in err[-1], (extra, err)
+        assert not (tmp_path / f"e{n}" / "job.json").exists()  # nothing started

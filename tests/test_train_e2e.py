@@ -58,6 +58,8 @@ CASES = {
 SMALL_SHARDS = "100KB"
 # cases that train on the shipped conversation set (chat template, assistant turns only)
 DATA = {"zero2": "demo-chat"}
+# cases that hold out records and evaluate them (--eval-split, --eval-every)
+HELD_OUT = {"zero1": {"eval_split": 0.1, "eval_every": 4}, "zero3": {"eval_split": 0.1}}
 
 
 def needs_async_io(spec: TrainSpec) -> None:
@@ -79,18 +81,19 @@ def metrics(run_dir):
     return [r for r in rows if "loss" in r]
 
 
-def fixed_batch(data: str | None = None):
-    from launcher.train.data import Batches, read_records, tokenize
+def fixed_batch(run_dir=None):
+    """The batch the worker evaluates at the end: its training set's first micro-batch (the run's
+    data, less its held-out records; the demo set without a run)."""
+    from launcher.rundir import TrainingConfig, read_run_dir
+    from launcher.train.data import Batches, load_sets
     from launcher.train.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
-    ex = tokenize(read_records(data), tok, 64, "demo")
+    ex, _ = load_sets(read_run_dir(run_dir).training if run_dir else TrainingConfig(), tok, 64)
     return Batches(ex, 2, 1, 2, 0, tok.pad_token_id).get(0, 0, 0)[0]
 
 
-def reload_loss(
-    run_dir, spec: TrainSpec, quantized_base: bool = True, source: str | None = None, data: str | None = None
-) -> float:
+def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True, source: str | None = None) -> float:
     """The fixed batch's loss of the exported model, reloaded as a user would: the full model with
     transformers; an adapter with peft on the same base (the random init, or the checkpoint at
     `source`), quantised as trained under QLoRA unless `quantized_base` is False (the 16-bit base a
@@ -115,7 +118,33 @@ def reload_loss(
         model = transformers.AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.bfloat16)
     model.eval()
     with torch.no_grad():
-        return float(model(**fixed_batch(data)).loss.float())
+        return float(model(**fixed_batch(run_dir)).loss.float())
+
+
+def check_evaluations(run_dir, held: dict) -> None:
+    """Evaluations at every eval_every step and the end; the last one is the exported model's loss
+    per labelled token over the held-out records, computed here apart; the best step is recorded."""
+    from launcher.rundir import read_run_dir
+    from launcher.train.data import collate, labelled, load_sets
+    from launcher.train.tokenizer import byte_tokenizer
+
+    evals = [e for e in events(run_dir) if e["event"] == "eval"]
+    every = held.get("eval_every") or 8
+    assert [e["step"] for e in evals] == list(range(every, 9, every))
+    tok = byte_tokenizer()
+    _, ex = load_sets(read_run_dir(run_dir).training, tok, 64)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(run_dir / "output" / "final"), dtype=torch.bfloat16)
+    total = count = 0
+    with torch.no_grad():
+        for i in range(len(ex.input_ids)):
+            batch = collate(ex, [i], tok.pad_token_id)
+            n = labelled(batch["labels"])
+            total, count = total + float(model.eval()(**batch).loss.float()) * n, count + n
+    assert evals[-1]["eval_tokens"] == count
+    assert evals[-1]["eval_loss"] == pytest.approx(total / count, rel=2e-3)
+    best = min(evals, key=lambda e: e["eval_loss"])
+    final = json.loads((run_dir / "output" / "final.json").read_text())
+    assert final["best_eval"] == {"step": best["step"], "eval_loss": best["eval_loss"]}
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -128,7 +157,7 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     shard = SMALL_SHARDS if name == "zero3" else "5GB"
     run_dir, argv = make_run(
         tmp_path, name, spec, max_steps=8, save_every=4, lr=lr, nvme_path=nvme, max_shard_size=shard,
-        data=DATA.get(name),
+        data=DATA.get(name), **HELD_OUT.get(name, {}),
     )
     proc = run_torchrun(argv)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -156,7 +185,9 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     assert len(losses) == 8
     assert sum(losses[-2:]) < sum(losses[:2]), losses
     final = json.loads((run_dir / "output" / "final.json").read_text())
-    assert reload_loss(run_dir, spec, data=DATA.get(name)) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
+    assert reload_loss(run_dir, spec) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
+    if name in HELD_OUT:
+        check_evaluations(run_dir, HELD_OUT[name])
     if spec.tp > 1:  # AutoTP's split (block linears and the untied LM head) is what the model counts
         from launcher.memory.states import stage_params
 

@@ -89,12 +89,18 @@ def test_two_stages_train_the_curve_of_one_rank_and_export_one_hf_model(two_stag
 
 def test_two_stages_times_two_data_parallel_ranks_train_the_curve_of_two_data_parallel_ranks(tmp_path):
     # 4 ranks pipe-major: stage 0 on ranks 0-1, stage 1 on ranks 2-3; global batch 16 on both sides
-    pp2dp2 = trained(tmp_path / "a", "pp2dp2", SPEC, "1x4xA100")
-    dp2 = trained(tmp_path / "b", "dp2", SPEC.with_(pp=1), "1x2xA100")
+    # both hold out the same records and evaluate them: the pipeline's last stage and the data-parallel
+    # engine must give the same loss per labelled token over the whole evaluation set
+    held = {"eval_split": 0.1, "eval_every": 6}
+    pp2dp2 = trained(tmp_path / "a", "pp2dp2", SPEC, "1x4xA100", **held)
+    dp2 = trained(tmp_path / "b", "dp2", SPEC.with_(pp=1), "1x2xA100", **held)
     got = curve(pp2dp2)
     assert sorted(got) == STEPS
     assert_same_curve(got, curve(dp2))
     assert final_eval(pp2dp2) == final_eval(dp2)
+    evals = [[(e["step"], e["eval_loss"], e["eval_tokens"]) for e in events(r) if e["event"] == "eval"] for r in (pp2dp2, dp2)]
+    assert [(s, t) for s, _, t in evals[0]] == [(s, t) for s, _, t in evals[1]] and [s for s, _, _ in evals[0]] == [6, 12]
+    assert [x for _, x, _ in evals[0]] == pytest.approx([x for _, x, _ in evals[1]], rel=1e-5)
 
 
 def test_two_stages_with_the_optimizer_offloaded_to_the_cpu_train_the_same_curve(tmp_path, two_stages):

@@ -10,7 +10,7 @@ from launcher import program
 from launcher.errors import FtlaunchError
 from launcher.rundir import Program
 
-_WORKER_ONLY = ("data", "tokenizer", "merge_adapter", "skip_bad_records")
+_WORKER_ONLY = ("data", "tokenizer", "merge_adapter", "skip_bad_records", "eval_data", "eval_split", "eval_every")
 
 
 def entry(args):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from launcher import options
+from launcher.errors import FtlaunchError
 from launcher.train.data import data_argument
 
 MAX_STEPS = 10_000_000  # TrainingConfig's bound
@@ -82,6 +83,26 @@ def add(p: argparse.ArgumentParser) -> None:
         help="largest safetensors file of the final model, e.g. 5GB, 500MB, 2GiB (default 5GB); "
         "above it the model is sharded with an index. Pipeline plans write one shard per stage",
     )
+    held = t.add_mutually_exclusive_group()
+    held.add_argument(
+        "--eval-data",
+        metavar="FILE",
+        help="evaluation records (the formats --data takes): their loss, per labelled token, at the end and "
+        "every --eval-every steps, in logs/metrics.jsonl; the best step goes into output/final.json",
+    )
+    held.add_argument(
+        "--eval-split",
+        type=_fraction,
+        metavar="F",
+        help="hold out this fraction of the training records for evaluation instead (seeded: the same records "
+        "on every rank and every resume), e.g. 0.05",
+    )
+    t.add_argument(
+        "--eval-every",
+        type=options.at_most(options.positive_int, MAX_STEPS),
+        metavar="N",
+        help="steps between evaluations (default: at the end only)",
+    )
     t.add_argument(
         "--skip-bad-records",
         action="store_true",
@@ -95,6 +116,8 @@ def config(args: argparse.Namespace, source: str, method: str):
     from launcher.emit.deepspeed import DEFAULT_LR
     from launcher.rundir import TrainingConfig
 
+    if args.eval_every and args.eval_data is None and not args.eval_split:
+        raise FtlaunchError("--eval-every needs an evaluation set: add --eval-data FILE or --eval-split F")
     return TrainingConfig(
         data=data_argument(args.data),
         tokenizer=args.tokenizer or (None if args.init == "random" else source),
@@ -108,4 +131,17 @@ def config(args: argparse.Namespace, source: str, method: str):
         skip_bad_records=args.skip_bad_records,
         merge_adapter=args.merge_adapter,
         max_shard_size=args.max_shard_size,
+        eval_data=data_argument(args.eval_data),
+        eval_split=args.eval_split or 0.0,
+        eval_every=args.eval_every or 0,
     )
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction between 0 and 1, e.g. 0.05")
+    return value

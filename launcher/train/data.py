@@ -10,6 +10,7 @@ assistant turns only (launcher/train/chat.py).
 from __future__ import annotations
 
 import json
+import math
 import random
 from dataclasses import dataclass
 from importlib import resources
@@ -200,16 +201,69 @@ class Batches:
 
     def get(self, step: int, micro_step: int, dp_rank: int) -> tuple[dict, int]:
         """The model's inputs for one micro-batch, and how many real (unpadded) tokens it holds."""
-        import torch
-
         per_step = self.micro * self.accum * self.dp
         start = step * per_step + (micro_step * self.dp + dp_rank) * self.micro
         rows = [self._index(start + j) for j in range(self.micro)]
-        width = max(len(self.ex.input_ids[i]) for i in rows)
-        ids = torch.full((self.micro, width), self.pad, dtype=torch.long)
-        lab = torch.full((self.micro, width), IGNORE, dtype=torch.long)
-        for b, i in enumerate(rows):
-            n = len(self.ex.input_ids[i])
-            ids[b, :n] = torch.tensor(self.ex.input_ids[i])
-            lab[b, :n] = torch.tensor(self.ex.labels[i])
-        return {"input_ids": ids, "labels": lab}, sum(len(self.ex.input_ids[i]) for i in rows)
+        return collate(self.ex, rows, self.pad), sum(len(self.ex.input_ids[i]) for i in rows)
+
+
+def collate(ex: Examples, rows: list[int], pad_id: int) -> dict:
+    """Rows right-padded to the longest; a row index past the set's end is a filler row (the first
+    sample with no label: it keeps every rank's batches the same size and counts for nothing)."""
+    import torch
+
+    n = len(ex.input_ids)
+    width = max(len(ex.input_ids[i if i < n else 0]) for i in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    lab = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    for b, i in enumerate(rows):
+        k = len(ex.input_ids[i if i < n else 0])
+        ids[b, :k] = torch.tensor(ex.input_ids[i if i < n else 0])
+        if i < n:
+            lab[b, :k] = torch.tensor(ex.labels[i])
+    return {"input_ids": ids, "labels": lab}
+
+
+def eval_batches(ex: Examples, micro: int, dp: int, dp_rank: int, pad_id: int) -> list[dict]:
+    """This data-parallel rank's share of the evaluation set, in order, as micro-batches; every rank
+    gets as many (ZeRO-3's gathers and the pipeline's sends stay in step), the last ones filled up
+    with filler rows."""
+    per = micro * dp
+    count = -(-len(ex.input_ids) // per)
+    return [collate(ex, [b * per + dp_rank * micro + j for j in range(micro)], pad_id) for b in range(count)]
+
+
+def split_eval(records: list, fraction: float, seed: int, source: str) -> tuple[list, list]:
+    """(training, evaluation) records: a seeded `fraction` of them held out (the same on every rank
+    and every start, so a resumed run never trains on its evaluation records)."""
+    k = math.ceil(len(records) * fraction)
+    if not 0 < k < len(records):
+        raise DataError(
+            f"--eval-split {fraction} of the {len(records)} record(s) in {source} leaves none to train or none to "
+            "evaluate on; pick another fraction, or pass --eval-data FILE"
+        )
+    order = list(range(len(records)))
+    random.Random(seed * 1_000_003 + 7).shuffle(order)
+    held = set(order[:k])
+    return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
+
+
+def labelled(labels) -> int:
+    """Tokens a batch's loss is the mean over (the labels shift by one: a label's first column never counts)."""
+    return int((labels[:, 1:] != IGNORE).sum())
+
+
+def load_sets(cfg, tokenizer, seq_len: int) -> tuple[Examples, Examples | None]:
+    """The training examples and the evaluation ones (None without an evaluation set), as every rank
+    and the preflight check read them from the run's TrainingConfig."""
+    source = cfg.data or "the demo data set"
+    records, held = read_records(cfg.data), None
+    if cfg.eval_split:
+        records, held = split_eval(records, cfg.eval_split, cfg.seed, source)
+    elif cfg.eval_data is not None:
+        held = read_records(cfg.eval_data)
+    train = tokenize(records, tokenizer, seq_len, source, cfg.skip_bad_records)
+    if held is None:
+        return train, None
+    where = cfg.eval_data or f"the --eval-split records of {source}"
+    return train, tokenize(held, tokenizer, seq_len, where, cfg.skip_bad_records)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from launcher.spec import TrainSpec
 from launcher.train import export
+from launcher.train.data import labelled
 
 
 class DataParallel:
@@ -54,6 +55,22 @@ class DataParallel:
     def evaluate(self, batches) -> float:
         return export.evaluate(self.ds, batches, self.ds.device)
 
+    def eval_loss(self, batches: list[dict]) -> tuple[float, int]:
+        """(mean loss per labelled token, labelled tokens) over the evaluation set: each rank's
+        micro-batches (data.eval_batches) weighted by their labelled tokens. Collective."""
+        import torch
+
+        total = torch.zeros(2, dtype=torch.float64)
+        self.ds.eval()
+        with torch.no_grad():
+            for inputs in batches:
+                loss = self.ds(**{k: v.to(self.ds.device) for k, v in inputs.items()}).loss
+                count = labelled(inputs["labels"])
+                if count:  # a batch of filler rows only has no loss (0 / 0)
+                    total += torch.tensor([float(loss) * count, count], dtype=torch.float64)
+        self.ds.train()
+        return _mean(total, self.ds.device, replicas=self.spec.tp)  # a TP group's ranks see the same rows
+
     def export(self, tokenizer, out: Path, rank: int, shard_size: str) -> None:
         export.export_final(self.ds, self.model, tokenizer, self.spec, out, rank, shard_size)
 
@@ -89,6 +106,21 @@ class Pipeline:
         feed = iter([(inputs["input_ids"], inputs["labels"]) for inputs, _ in micro])
         loss = self.ds.train_batch(feed)  # mean over the global batch, on every stage
         return float(loss), sum(tokens for _, tokens in micro)
+
+    def eval_loss(self, batches: list[dict]) -> tuple[float, int]:
+        """As DataParallel.eval_loss; the last stage's ranks hold the losses (not averaged over the
+        data-parallel group, which would weigh a rank's rows by another's token count)."""
+        import torch
+
+        total = torch.zeros(2, dtype=torch.float64)
+        for inputs in batches:
+            feed = iter([(inputs["input_ids"], inputs["labels"])])
+            out = self.ds.eval_batch(feed, num_micro_batches=1, reduce_output=None, bcast_loss=False)
+            count = labelled(inputs["labels"])
+            if count and self.ds.is_last_stage():
+                total += torch.tensor([float(out[0]) * count, count], dtype=torch.float64)
+        self.ds.train()
+        return _mean(total, self.ds.device, replicas=1)
 
     def evaluate(self, batches) -> float:
         """Loss on the fixed batch the data-parallel engine evaluates (step 0, micro-batch 0,
@@ -166,6 +198,16 @@ class Pipeline:
         torch.distributed.all_gather_object(stages, h.hexdigest())
         per_stage = stages[:: self.dp]  # pipe-major ranks: every dp-th rank is the next stage
         return hashlib.sha256(" ".join(per_stage).encode()).hexdigest()
+
+def _mean(total, device, replicas: int) -> tuple[float, int]:
+    """(sum / count, count / replicas) of a [loss sum, token count] summed over every rank."""
+    import torch
+
+    both = total.to(device)
+    torch.distributed.all_reduce(both)
+    loss_sum, count = (float(x) for x in both.cpu())
+    return (loss_sum / count if count else float("nan")), round(count / replicas)
+
 
 def build(model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int,
           blocks: list[int]):

@@ -20,7 +20,7 @@ from launcher.rundir import read_run_dir
 from launcher.spec import TrainSpec
 from launcher.train import checkpoint as ckpt
 from launcher.train import cpu_adam, engines, export
-from launcher.train.data import Batches, read_records, tokenize
+from launcher.train.data import Batches, eval_batches, load_sets
 from launcher.train.model import check_loadable, rank_model
 from launcher.train.tokenizer import load_tokenizer
 
@@ -194,8 +194,7 @@ def train(run_dir: Path) -> int:
     torch.manual_seed(cfg.seed)
 
     tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
-    source = cfg.data or "the demo data set"
-    examples = tokenize(read_records(cfg.data), tokenizer, spec.seq_len, source, cfg.skip_bad_records)
+    examples, held_out = load_sets(cfg, tokenizer, spec.seq_len)
     if examples.skipped or examples.no_target:
         _log(run_dir, rank, {"event": "data", "records": len(examples.input_ids), "skipped": examples.skipped,
                              "no_target": examples.no_target})
@@ -284,6 +283,12 @@ def train(run_dir: Path) -> int:
             raise ckpt.failure(root, step, exc) from None
         _log(run_dir, rank, {"event": "checkpoint", "step": step})
 
+    held = None if held_out is None else eval_batches(held_out, spec.micro_batch, dp, trainer.dp_rank, tokenizer.pad_token_id)
+
+    def evaluate(step: int) -> None:
+        loss, tokens = trainer.eval_loss(held)
+        _log(run_dir, rank, {"event": "eval", "step": step, "eval_loss": loss, "eval_tokens": tokens})
+
     for step in range(start, cfg.max_steps):
         t0 = time.perf_counter()
         loss, tokens = trainer.step(batches, step)
@@ -303,6 +308,8 @@ def train(run_dir: Path) -> int:
                 },
             )
         done = step + 1 == cfg.max_steps
+        if held and not stop.item() and (done or cfg.eval_every and (step + 1) % cfg.eval_every == 0):
+            evaluate(step + 1)
         if (step + 1) % cfg.save_every == 0 or done or stop.item():
             save(step + 1)
         if stop.item() and not done:
@@ -318,12 +325,25 @@ def train(run_dir: Path) -> int:
     if cfg.merge_adapter and rank == 0:
         export.merge_adapter(run.model.hf_config, run.model.source, spec, cfg, tokenizer, run_dir / "output")
     if rank == 0:
-        (run_dir / "output" / "final.json").write_text(
-            json.dumps({"steps": cfg.max_steps, "eval_loss": eval_loss})
-        )
+        final = {"steps": cfg.max_steps, "eval_loss": eval_loss}
+        best = _best_eval(run_dir)
+        if best:  # over every attempt's evaluations (a resumed run logged the earlier ones)
+            final["best_eval"] = best
+            _log(run_dir, rank, {"event": "best_eval", **best})
+        (run_dir / "output" / "final.json").write_text(json.dumps(final))
     _log(run_dir, rank, {"event": "finished", "eval_loss": round(eval_loss, 6)})
     _close(torch)
     return 0
+
+
+def _best_eval(run_dir: Path) -> dict | None:
+    """The step with the lowest evaluation loss so far (the earliest of equals), from metrics.jsonl."""
+    rows = [json.loads(x) for x in (run_dir / "logs" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    evals = [r for r in rows if r.get("event") == "eval"]
+    if not evals:
+        return None
+    best = min(evals, key=lambda r: (r["eval_loss"], r["step"]))
+    return {"step": best["step"], "eval_loss": best["eval_loss"]}
 
 
 def _close(torch) -> None:
