@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 
@@ -173,10 +174,19 @@ def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_p
     assert [p.name for p in sorted(ckpts.glob("step-*"))] == [f"step-{s:08d}" for s in (4, 8)]
 
 
-def test_cancel_mid_run_checkpoints_first(tmp_path, monkeypatch):
+def test_cancel_mid_run_checkpoints_first(tmp_path, monkeypatch, capsys):
     run_dir, _ = make_run(tmp_path, "cancelled", SPEC, max_steps=2000, save_every=1000, lr=1e-3)
     submit_with_cpu_env(run_dir, monkeypatch)
     wait_for(lambda: started_steps(run_dir) >= 3, 240, "step 3")
+    # while it runs, `ftlaunch status` says how far: step N of M, the last loss, the time left
+    from launcher.cli import main
+
+    assert main(["status", str(run_dir)]) == 0
+    line = capsys.readouterr().out.strip()
+    assert re.fullmatch(r"cancelled: RUNNING  step=\d+/2000  loss=[0-9.]+  eta=(\d+h\d\dm|\d+m\d\ds)  pid=\d+", line), line
+    assert main(["status", str(run_dir), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["max_steps"] == 2000 and st["eta_s"] > 0 and st["loss"] > 0
     st = local.cancel(run_dir, grace_s=120)
     assert st["state"] == "CANCELLED"
     ev = events(run_dir)

@@ -143,7 +143,7 @@ def start(run_dir: Path, detach: bool, skip_preflight: bool) -> int:
     print(f"{run_dir.name}: {queued}  (ftlaunch status {run_dir} | logs -f | cancel)", flush=True)
     if detach:
         return 0
-    st = be.follow(run_dir, _print)
+    st = _follow(be, run_dir)
     print(f"{run_dir.name}: {st['state']}" + (f" (exit code {st['exit_code']})" if "exit_code" in st else ""))
     return 0 if st["state"] in _DONE else 1
 
@@ -155,18 +155,41 @@ def run_launch(args, run_dir: Path) -> int:
 _SHOWN = ("step", "job_id", "slurm_state", "submission_id", "restarts", "exit_code", "pid", "reason")
 
 
+def _follow(be, run_dir: Path, follow_: bool = True) -> dict:
+    """The job's log as it grows; on a terminal the step lines are one progress line (progress.py)."""
+    from launcher import progress
+
+    out = progress.Follower(sys.stdout, progress.max_steps(run_dir), sys.stdout.isatty())
+    try:
+        return be.follow(run_dir, out, follow_=follow_)
+    finally:
+        out.close()
+
+
 def run_status(args, run_dir: Path) -> int:
+    from launcher import progress
+
     st = backend(run_dir).status(run_dir)
+    more = progress.summary(run_dir)  # max_steps, loss, eta_s: what metrics.jsonl tells
+    if st["state"] != "RUNNING":
+        more.pop("eta_s", None)
+    st.update({k: v for k, v in more.items() if k not in st})
     if args.json:
         print(json.dumps(st, indent=2))
-    else:
-        extra = "".join(f"  {k}={st[k]}" for k in _SHOWN if k in st)
-        print(f"{run_dir.name}: {st['state']}{extra}")
+        return 0
+    shown = dict(st)
+    if st["state"] == "RUNNING" and "step" in st:  # step N/M  loss X  eta T, then the backend's fields
+        shown["step"] = f"{st['step']}/{st['max_steps']}" if "max_steps" in st else st["step"]
+        shown["loss"] = st.get("loss", "-")
+        shown["eta"] = progress.clock(st.get("eta_s"))
+    keys = ("step", "loss", "eta") if st["state"] == "RUNNING" else ("step",)
+    extra = "".join(f"  {k}={shown[k]}" for k in (*keys, *_SHOWN[1:]) if k in shown)
+    print(f"{run_dir.name}: {st['state']}{extra}")
     return 0
 
 
 def run_logs(args, run_dir: Path) -> int:
-    backend(run_dir).follow(run_dir, _print, follow_=args.follow)
+    _follow(backend(run_dir), run_dir, follow_=args.follow)
     return 0
 
 

@@ -304,6 +304,7 @@ def train(run_dir: Path) -> int:
                     "loss": loss,  # full precision: resume is compared bitwise
                     "lr": engine.get_lr()[0],
                     "tokens_per_s": round(tokens * dp / elapsed, 1),
+                    "step_s": round(elapsed, 3),  # the ETA of `ftlaunch status` and a followed log
                     **_peak_memory(),
                 },
             )
