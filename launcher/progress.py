@@ -19,7 +19,17 @@ _STEP = re.compile(r"\[ftlaunch\] step (\d+) \| loss (\S+)(.*)")
 _FIELD = re.compile(r"(tokens_per_s|step_s) ([0-9.eE+-]+)")
 
 
+def _regular(path: Path) -> bool:
+    """A regular file (reading a FIFO someone put in its place would block for ever)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def max_steps(run_dir: Path) -> int | None:
+    if not _regular(run_dir / "plan.json"):
+        return None
     try:
         value = json.loads((run_dir / "plan.json").read_bytes()[: 16 * 2**20])["training"]["max_steps"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError):
@@ -52,6 +62,8 @@ def summary(run_dir: Path) -> dict:
     total = max_steps(run_dir)
     if total:
         out["max_steps"] = total
+    if not _regular(run_dir / "logs" / "metrics.jsonl"):
+        return out
     try:
         with open(run_dir / "logs" / "metrics.jsonl", "rb") as f:
             f.seek(0, 2)
