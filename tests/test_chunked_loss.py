@@ -1,7 +1,7 @@
 """--loss chunked: the same loss and gradients as transformers' own, and the memory the model says.
 
 The loss part is measured alone (the head and the cross-entropy over a given hidden state: the
-live-bytes peak against memory.activations.logits_bytes, within 5 %), and inside a whole tiny
+live-bytes peak against memory.edges.logits_bytes, within 5 %), and inside a whole tiny
 Llama's forward + backward (saved activations + the loss part, the estimator's moment).
 """
 
@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from launcher.memory import activations as A  # noqa: E402
+from launcher.memory import edges as E  # noqa: E402
 from launcher.memory import states as S  # noqa: E402
 from launcher.memory.constants import LOSS_CHUNK_TOKENS  # noqa: E402
 from launcher.models.hf_config import arch_from_hf_config  # noqa: E402
@@ -68,18 +69,18 @@ def test_chunked_loss_memory_is_the_models_term(precision, method, batch, seq):
     with LiveBytes() as live:
         chunked_loss.chunked_loss(head, hidden, labels).backward()
     spec = TrainSpec(method=method, precision=precision, micro_batch=batch, seq_len=seq, loss="chunked")
-    predicted = A.logits_bytes(ARCH, spec) + (V * H * dtype.itemsize if method == "full" else 0)
+    predicted = E.logits_bytes(ARCH, spec) + (V * H * dtype.itemsize if method == "full" else 0)
     assert abs(predicted / live.peak - 1) < 0.05, (predicted, live.peak)
-    assert predicted < 0.8 * A.logits_bytes(ARCH, spec.with_(loss="full"))
+    assert predicted < 0.8 * E.logits_bytes(ARCH, spec.with_(loss="full"))
 
 
 def test_one_chunk_is_the_whole_loss():
     """A micro-batch of at most one chunk runs (and is counted as) the unchunked loss."""
     for tokens in (1, LOSS_CHUNK_TOKENS):
         spec = TrainSpec(micro_batch=1, seq_len=tokens, loss="chunked")
-        assert not A.chunked_loss(spec)
-        assert A.logits_bytes(ARCH, spec) == A.logits_bytes(ARCH, spec.with_(loss="full"))
-        assert A.edge_activations(ARCH, spec, True, True) == A.edge_activations(ARCH, spec.with_(loss="full"), True, True)
+        assert not E.chunked_loss(spec)
+        assert E.logits_bytes(ARCH, spec) == E.logits_bytes(ARCH, spec.with_(loss="full"))
+        assert E.edge_activations(ARCH, spec, True, True) == E.edge_activations(ARCH, spec.with_(loss="full"), True, True)
 
 
 def _tiny(precision: str, method: str, ckpt: str, chunked: bool):
@@ -139,7 +140,7 @@ def test_peak_of_a_step_with_the_chunked_loss(method, ckpt):
     layer = A.layer_activations(ARCH, spec, targets)
     stored = analytic_activations(spec) - A.recompute_working_set(spec, layer)
     after_loss = A.recompute_working_set(spec, layer) + A.backward_transient(ARCH, spec, layer)
-    predicted = stored + max(A.logits_bytes(ARCH, spec) + head_grad, after_loss)
+    predicted = stored + max(E.logits_bytes(ARCH, spec) + head_grad, after_loss)
     assert abs(predicted / peaks[True] - 1) < 0.05, (predicted, peaks[True])
     assert peaks[True] < 0.6 * peaks[False]
 

@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 from launcher.memory import activations as A  # noqa: E402
+from launcher.memory import edges as E  # noqa: E402
 from launcher.memory import states as S  # noqa: E402
 from launcher.models.hf_config import arch_from_hf_config  # noqa: E402
 from launcher.spec import TrainSpec  # noqa: E402
@@ -66,7 +67,7 @@ def analytic_activations(spec: TrainSpec) -> float:
     targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
     layer = A.layer_activations(arch, spec, targets)
     acts = arch.layers * A.stored_per_layer(arch, spec, layer) + A.recompute_working_set(spec, layer)
-    return acts + A.edge_activations(arch, spec, True, True)
+    return acts + E.edge_activations(arch, spec, True, True)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
@@ -91,7 +92,7 @@ def test_peak_activations_and_logits_match(precision, ckpt, method):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
     arch = arch_from_hf_config(CFG, "tiny-test")
-    predicted = analytic_activations(spec) + A.logits_bytes(arch, spec)
+    predicted = analytic_activations(spec) + E.logits_bytes(arch, spec)
     assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)
 
 
@@ -120,7 +121,7 @@ def test_adapters_on_the_embedding_and_the_head_save_what_the_model_says(edges, 
         model(input_ids=ids, labels=ids).loss.backward()
     arch = arch_from_hf_config(CFG, "tiny-test")
     adapter_grads = S.trainable_params(arch, spec) * dtype.itemsize
-    predicted = analytic_activations(spec) + A.logits_bytes(arch, spec) + adapter_grads
+    predicted = analytic_activations(spec) + E.logits_bytes(arch, spec) + adapter_grads
     assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)  # as the peak test above
 
 
@@ -138,7 +139,7 @@ def test_longer_sequence_never_lowers_activations():
             for seq in (128, 256, 512, 1024, 4096):
                 spec = TrainSpec(seq_len=seq, attention=attention, grad_ckpt=ckpt)
                 layer = A.layer_activations(arch, spec, set())
-                total = A.stored_per_layer(arch, spec, layer) + A.logits_bytes(arch, spec)
+                total = A.stored_per_layer(arch, spec, layer) + E.logits_bytes(arch, spec)
                 assert total >= prev
                 prev = total
 
@@ -161,7 +162,7 @@ def predicted_peak(arch, spec: TrainSpec, stored: float) -> float:
     the last block's recompute and backward transient if larger."""
     layer = A.layer_activations(arch, spec, set())
     after_loss = A.recompute_working_set(spec, layer) + A.backward_transient(arch, spec, layer)
-    return stored + max(A.logits_bytes(arch, spec), after_loss)
+    return stored + max(E.logits_bytes(arch, spec), after_loss)
 
 
 @pytest.mark.parametrize("model_type", ["gpt2", "llama"])
@@ -195,7 +196,7 @@ def test_eager_attention_scores_and_their_backward(model_type, ckpt):
     spec = TrainSpec(micro_batch=batch, seq_len=seq, attention="eager", grad_ckpt=ckpt, method="full")
     arch = arch_from_hf_config(hf, "tiny-eager")
     layer = A.layer_activations(arch, spec, set())
-    stored = arch.layers * A.stored_per_layer(arch, spec, layer) + A.edge_activations(arch, spec, True, True)
+    stored = arch.layers * A.stored_per_layer(arch, spec, layer) + E.edge_activations(arch, spec, True, True)
     ids = torch.randint(0, 512, (batch, seq))
     with SavedBytes(model) as saved:
         model(input_ids=ids)
@@ -222,7 +223,7 @@ def test_falcon_multi_query_sdpa_runs_the_math_kernel_and_is_counted_as_such(bat
     assert A.attention_impl(arch, spec) == "math"
     layer = A.layer_activations(arch, spec, set())
     assert layer.attention_scores == 4 * batch * arch.heads * seq * seq
-    stored = arch.layers * A.stored_per_layer(arch, spec, layer) + A.edge_activations(arch, spec, True, True)
+    stored = arch.layers * A.stored_per_layer(arch, spec, layer) + E.edge_activations(arch, spec, True, True)
 
     ids = torch.randint(0, FALCON_MQA["vocab_size"], (batch, seq))
     with SavedBytes(model) as saved:
@@ -231,7 +232,7 @@ def test_falcon_multi_query_sdpa_runs_the_math_kernel_and_is_counted_as_such(bat
 
     with LiveBytes() as live:
         model(input_ids=ids, labels=ids).loss.backward()
-    assert A.backward_transient(arch, spec, layer) > A.logits_bytes(arch, spec)  # attention sets the peak
+    assert A.backward_transient(arch, spec, layer) > E.logits_bytes(arch, spec)  # attention sets the peak
     predicted = predicted_peak(arch, spec, stored)
     assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)
 
@@ -290,12 +291,12 @@ def test_gemma2_soft_capping_is_counted(method):
         model(input_ids=ids)
     targets = S.lora_targets(arch, spec) if method == "lora" else set()
     layer = A.layer_activations(arch, spec, targets)
-    predicted = arch.layers * A.stored_per_layer(arch, spec, layer) + A.edge_activations(arch, spec, True, True)
+    predicted = arch.layers * A.stored_per_layer(arch, spec, layer) + E.edge_activations(arch, spec, True, True)
     tanh_logits = 2 * 2 * 256 * GEMMA2["vocab_size"]  # the capped logits' tanh output, kept from the forward
     # within TOL as the other families (Gemma's RMSNorm keeps its normalised tensor in fp32: -8 % uncapped)
     assert abs((predicted + tanh_logits) / saved.total - 1) < TOL, (predicted + tanh_logits, saved.total)
     with LiveBytes() as live:
         model(input_ids=ids, labels=ids).loss.backward()
-    capped = A.logits_bytes(arch, spec)
+    capped = E.logits_bytes(arch, spec)
     assert capped == 14 * 2 * 256 * GEMMA2["vocab_size"]  # 12 B/logit + tanh's bf16 output
     assert abs((predicted + capped) / live.peak - 1) < TOL, (predicted + capped, live.peak)

@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
 bnb = pytest.importorskip("bitsandbytes")
 
-from launcher.memory import activations as A  # noqa: E402
+from launcher.memory import edges as E  # noqa: E402
 from launcher.memory import states as S  # noqa: E402
 from launcher.models.hf_config import arch_from_hf_config  # noqa: E402
 from launcher.spec import TrainSpec  # noqa: E402
@@ -92,7 +92,7 @@ def test_qlora_activation_peak_is_what_the_model_counts(ckpt):
     ids = torch.randint(0, CFG["vocab_size"], (BATCH, SEQ))
     with LiveBytes() as live:
         model(input_ids=ids, labels=ids).loss.backward()
-    predicted = analytic_activations(spec) + A.logits_bytes(ARCH, spec)
+    predicted = analytic_activations(spec) + E.logits_bytes(ARCH, spec)
     # measured -1.7 % (none) and +2.6 % (full)
     assert abs(predicted / live.peak - 1) < TOL, (predicted, live.peak)
 

@@ -12,8 +12,8 @@ import pytest
 
 from launcher.cli import main
 from launcher.hardware import parse_gpus
-from launcher.memory.activations import logits_bytes
 from launcher.memory.constants import GIB
+from launcher.memory.edges import logits_bytes
 from launcher.models.catalog import resolve_model
 from launcher.planner import advise
 from launcher.planner.ablate import STEPS, ablate

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from launcher.cli import main
 from launcher.hardware import parse_gpus
 from launcher.memory import activations as A
+from launcher.memory import edges as E
 from launcher.memory import states as S
 from launcher.models.catalog import resolve_model
 from launcher.planner.plans import Request, ranking_speed
@@ -106,7 +107,7 @@ def _activations(arch, spec) -> float:
     targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
     layer = A.layer_activations(arch, spec, targets)
     acts = arch.layers * A.stored_per_layer(arch, spec, layer) + A.recompute_working_set(spec, layer)
-    return acts + A.edge_activations(arch, spec, True, True) + A.logits_bytes(arch, spec)
+    return acts + E.edge_activations(arch, spec, True, True) + E.logits_bytes(arch, spec)
 
 
 @settings(max_examples=200, deadline=None)

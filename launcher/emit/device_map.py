@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from launcher.errors import InvalidSpecError
 from launcher.memory import activations as A
+from launcher.memory import edges as E
 from launcher.memory import states as S
 from launcher.models.arch import ModelArch
 from launcher.spec import TrainSpec
@@ -149,10 +150,10 @@ def device_map(arch: ModelArch, spec: TrainSpec, stages: int) -> DeviceMap:
     layer_acts = A.stored_per_layer(arch, single, A.layer_activations(arch, single, targets), targets)
     per_layer = _states_bytes(arch, single, 1, False, False) + layer_acts
     embed_states = _states_bytes(arch, single, 0, True, False)
-    embed = embed_states + A.edge_activations(arch, single, True, False)
+    embed = embed_states + E.edge_activations(arch, single, True, False)
     # final norm + untied LM head (a tied head shares the embedding's weight: counted once)
     head_states = _states_bytes(arch, single, 0, True, True) - embed_states
-    head = head_states + A.edge_activations(arch, single, False, True) + A.logits_bytes(arch, single)
+    head = head_states + E.edge_activations(arch, single, False, True) + E.logits_bytes(arch, single)
     tied = arch.lm_head_params == 0
     bounds = _split([per_layer] * arch.layers, embed + (head if tied else 0), 0.0 if tied else head, stages)
     out: dict[str, int] = {}

@@ -1,4 +1,5 @@
-"""Activations saved for backward, per transformer block and per micro-batch, and the logits term.
+"""Activations saved for backward, per transformer block and per micro-batch (what lies outside
+the blocks, the logits and the loss: launcher/memory/edges.py).
 
 The structure follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models"), whose 34·sbh + 5·as²b bytes per layer is the GPT-style special case; here
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.memory.constants import LOSS_CHUNK_TOKENS
 from launcher.memory.memo import ArchMemo
 from launcher.memory.states import bare_parameter, fused_experts, lora_targets
 from launcher.models.arch import ModelArch
@@ -62,7 +62,7 @@ def _softmax_bytes(arch: ModelArch, e: int) -> int:
 def _eager_value_input(arch: ModelArch, e: int) -> int:
     """Bytes per score of the tensor eager attention's value matmul reads and keeps, when that is
     not the softmax output itself: the dropout output, or else the 16-bit copy of fp32 probs."""
-    if _dropout(arch, "attention_dropout", "attn_pdrop") > 0:
+    if dropout_rate(arch, "attention_dropout", "attn_pdrop") > 0:
         return e
     return e if _softmax_bytes(arch, e) == 4 and e == 2 else 0
 
@@ -107,7 +107,7 @@ def unfused_attention(arch: ModelArch, spec: TrainSpec) -> bool:
     return attention_impl(arch, spec) in ("eager", "math")
 
 
-def _dropout(arch: ModelArch, *keys: str) -> float:
+def dropout_rate(arch: ModelArch, *keys: str) -> float:
     for k in keys:
         v = arch.hf_config.get(k)
         if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1:
@@ -217,7 +217,7 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
         # q, K and V expanded to every query head; the softmax output (fp32 in most families),
         # the dropout mask (1 byte, CUDA's fused kernel) and the tensor the value matmul reads
         attention = 3 * T * qd / t * e
-        mask = 1 if _dropout(arch, "attention_dropout", "attn_pdrop") > 0 else 0
+        mask = 1 if dropout_rate(arch, "attention_dropout", "attn_pdrop") > 0 else 0
         # gemma2 soft-caps the scores (cap * tanh(scores / cap)): tanh keeps its output
         cap = e if arch.hf_config.get("attn_logit_softcapping") else 0
         scores = b * heads * s * s * (_softmax_bytes(arch, e) + mask + _eager_value_input(arch, e) + cap)
@@ -250,7 +250,7 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
             # lora_A's output (r values per token) for lora_B's gradient
             linear_inputs += lin.count * T * spec.lora_r * e
 
-    p_resid = _dropout(arch, "resid_pdrop", "hidden_dropout", "dropout")
+    p_resid = dropout_rate(arch, "resid_pdrop", "hidden_dropout", "dropout")
     dropout = 2 * T * h * 1 if p_resid > 0 else 0.0
 
     return LayerActivations(norms, linear_inputs, attention, scores, mlp, dropout)
@@ -388,63 +388,3 @@ def first_block_backward(arch: ModelArch, spec: TrainSpec, layer: LayerActivatio
 def recompute_working_set(spec: TrainSpec, layer: LayerActivations) -> float:
     """One block's full activations, alive while that block is recomputed in backward."""
     return 0.0 if spec.grad_ckpt == "none" else layer.total
-
-
-def edge_activations(arch: ModelArch, spec: TrainSpec, first: bool, last: bool) -> float:
-    """Embedding-side and head-side saved tensors outside the blocks (without logits)."""
-    e = 4 if spec.precision == "fp32" else 2
-    T = spec.micro_batch * spec.seq_len
-    out = 0.0
-    if first:
-        if arch.model_type == "bloom":  # word_embeddings_layernorm
-            out += norm_bytes(arch, T, e, spec.method == "full")
-        if _dropout(arch, "embd_pdrop", "embed_dropout") > 0:
-            out += T * arch.hidden
-    edges = lora_targets(arch, spec) if spec.trains_adapters else set()
-    if first and "embed_tokens" in edges:
-        out += T * spec.lora_r * e  # PEFT's embedding adapter: the A lookup, kept for B's gradient
-    if last:
-        out += norm_bytes(arch, T, e, spec.method == "full")
-        head_adapter = "lm_head" in edges
-        if spec.method == "full" or chunked_loss(spec) or head_adapter:
-            # lm_head input, kept for its weight gradient (or its adapter's lora_A), or by the chunked
-            # loss for its recompute
-            out += T * arch.hidden * e
-        if chunked_loss(spec):
-            out += 8 * T  # the shifted labels (int64), kept for the recompute
-        elif head_adapter:
-            out += T * spec.lora_r * e  # lora_A's output, for lora_B's gradient
-    return out
-
-
-def chunked_loss(spec: TrainSpec) -> bool:
-    """Whether the loss runs in more than one chunk (--loss chunked over more tokens than a chunk)."""
-    return spec.loss == "chunked" and spec.micro_batch * spec.seq_len > LOSS_CHUNK_TOKENS
-
-
-def logits_bytes(arch: ModelArch, spec: TrainSpec) -> float:
-    """Peak of the LM head + cross-entropy: logits, their fp32 upcast and log-softmax, and the
-    gradients flowing back through them.
-
-    In transformers' ForCausalLMLoss the 16-bit logits are upcast to fp32 and log-softmax keeps
-    its fp32 output; in backward the log-softmax output, its incoming gradient and its outgoing
-    gradient (fp32 each) are alive together: 12 bytes per logit element, in 16-bit and fp32 alike.
-    The lm_head is not split by AutoTP, so tp does not divide it.
-
-    --loss chunked (launcher/train/chunked_loss.py) recomputes the logits one chunk of
-    LOSS_CHUNK_TOKENS rows at a time in backward: the same 12 bytes per logit of one chunk, plus
-    what chunking adds -- the gradient of the head's input, one slice per chunk summed into a
-    full-size buffer (2 x tokens x hidden), and for a trained head its weight gradient of the
-    chunk before it is added to the others' (vocab x hidden; the summed one is in the gradients
-    term). A micro-batch of one chunk or less runs the whole loss, unchanged. Measured on the CPU in tests/test_chunked_loss.py.
-    """
-    T = spec.micro_batch * spec.seq_len
-    e = 4 if spec.precision == "fp32" else 2
-    # soft-capped logits (gemma2: cap * tanh(logits / cap)): tanh keeps its output, per logit
-    per_logit = 12.0 + (e if arch.hf_config.get("final_logit_softcapping") else 0)
-    if not chunked_loss(spec):
-        return per_logit * T * arch.vocab
-    out = per_logit * LOSS_CHUNK_TOKENS * arch.vocab + 2.0 * T * arch.hidden * e
-    if spec.method == "full":
-        out += arch.vocab * arch.hidden * e
-    return out

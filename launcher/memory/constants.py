@@ -5,7 +5,7 @@ Where each comes from:
   * DeepSpeed buffer sizes and thresholds: what our emitter writes into ds_config.json
     (DeepSpeed's defaults where we keep them), read from DeepSpeed 0.19's source;
   * CALIBRATED AGAINST TRACES (`ftlaunch estimate --trace`, bench/accuracy.py): the terms a
-    training step's tensors decide - 12 bytes per logit for the loss (activations.py), the
+    training step's tensors decide - 12 bytes per logit for the loss (edges.py), the
     ZeRO-3 window of STAGE3_MAX_LIVE_PARAMETERS gathered parameters, the tied-embedding
     gradient moment and the first block's backward moment (estimate.py), the
     selective-checkpointing matmul set, qk-norms, sdpa's math kernel (falcon-7b), eager's

@@ -23,6 +23,7 @@ from launcher.errors import InvalidSpecError
 from launcher.hardware import ClusterSpec
 from launcher.memory import activations as A
 from launcher.memory import constants as C
+from launcher.memory import edges as E
 from launcher.memory import states as S
 from launcher.memory import transients as T
 from launcher.memory.host import host_and_nvme
@@ -160,8 +161,8 @@ def _stage(arch, spec, cluster, dp, layers, first, last, inflight, targets):
     window, bucket = S.zero_buffers(spec, arch, p)
     per_layer = A.layer_activations(arch, spec, targets)
     stored = layers * A.stored_per_layer(arch, spec, per_layer, targets) * inflight
-    stored += A.edge_activations(arch, spec, first, last) * (inflight if first else 1)
-    logits = A.logits_bytes(arch, spec) if last else 0.0
+    stored += E.edge_activations(arch, spec, first, last) * (inflight if first else 1)
+    logits = E.logits_bytes(arch, spec) if last else 0.0
     # the pipeline engine's buffers stay through the whole backward (launcher/memory/pipeline.py)
     held, held_logits = engine_buffers(arch, spec, layers, first, last, inflight)
     stored += held
@@ -231,11 +232,11 @@ def _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persist
     dtype): every activation is still saved, and the head's weight gradient (trained under full
     fine-tuning; not split by tensor parallelism) and input gradient are made. Beats the loss's
     own working set below about hidden x 2 / 10 tokens per micro-batch. The chunked loss counts
-    its head gradient in its own term (activations.logits_bytes). With the optimizer offloaded,
+    its head gradient in its own term (edges.logits_bytes). With the optimizer offloaded,
     DeepSpeed then takes the fp64 norm of the rank's piece of an untied head's gradient
     (transients.offload_norm), the logits' gradient gone and, under ZeRO-3, the head's gathered
     weight released; a tied head's gradient is reduced only with the embedding's, at the end."""
-    if not last or A.chunked_loss(spec):
+    if not last or E.chunked_loss(spec):
         return {"gradients": persistent}
     e = 4 if spec.precision == "fp32" else 2
     tokens = spec.micro_batch * spec.seq_len

@@ -64,7 +64,8 @@ from dataclasses import dataclass
 from launcher.gpus import GpuType
 from launcher.hardware import ClusterSpec, NodeSpec
 from launcher.memory import states as S
-from launcher.memory.activations import chunked_loss, selective_matmuls, unfused_attention
+from launcher.memory.activations import selective_matmuls, unfused_attention
+from launcher.memory.edges import chunked_loss
 from launcher.memory.estimate import estimate, stage_split
 from launcher.models.arch import ModelArch
 from launcher.planner import constants as C

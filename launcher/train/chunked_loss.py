@@ -1,7 +1,7 @@
 """The chunked cross-entropy (`--loss chunked`): the LM head and the loss run a chunk of tokens at a
 time, each chunk under non-reentrant activation checkpointing, so forward keeps no logits at all
 and backward recomputes one chunk's logits at a time. The logits + loss working set shrinks from
-the whole micro-batch's to one chunk's (launcher/memory/activations.py: logits_bytes) for one more
+the whole micro-batch's to one chunk's (launcher/memory/edges.py: logits_bytes) for one more
 forward of the LM head (launcher/planner/perf.py).
 
 The head is called as the module it is, so ZeRO-3 gathers its weight for each call (and its
