@@ -139,3 +139,24 @@ def assert_pipeline_export(final: Path, pp: int) -> None:
     assert shards == [f"model-{s:05d}-of-{pp:05d}.safetensors" for s in range(1, pp + 1)], shards
     assert all((final / s).is_file() for s in shards) and (final / "config.json").is_file()
     assert not (final / "model.safetensors").exists()
+
+
+def in_memory_sets(cfg, tokenizer, seq_len: int):
+    """(training, evaluation or None) examples of a run's TrainingConfig, tokenised in memory here,
+    apart from the token cache the worker reads (launcher/train/token_cache.py)."""
+    from launcher.train.data import read_records, split_eval, tokenize
+
+    source = cfg.data or "the demo data set"
+    records, held = read_records(cfg.data), None
+    if cfg.eval_split:
+        records, held = split_eval(records, cfg.eval_split, cfg.seed, source)
+    elif cfg.eval_data is not None:
+        held = read_records(cfg.eval_data)
+    train = tokenize(records, tokenizer, seq_len, source, cfg.skip_bad_records)
+    return train, None if held is None else tokenize(held, tokenizer, seq_len, "held", cfg.skip_bad_records)
+
+
+def token_builds(run_dir: Path) -> list[str]:
+    """The token cache's build log: one line per time the run's data was tokenised."""
+    log = run_dir / "cache" / "builds.log"
+    return log.read_text().splitlines() if log.exists() else []

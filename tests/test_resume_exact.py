@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from launcher.spec import TrainSpec
-from tests.runs import assert_same_curve, final_weights, make_run, run_torchrun
+from tests.runs import assert_same_curve, final_weights, make_run, run_torchrun, token_builds
 from tests.test_train_faults import curve
 
 pytest.importorskip("deepspeed")
@@ -44,6 +44,10 @@ def test_a_relaunch_from_a_checkpoint_trains_bitwise_like_the_run_that_never_sto
     _launch(argv)
     untouched, weights = curve(run_dir), final_weights(run_dir)
     assert sorted(untouched) == [1, 2, 3, 4] and len(weights) == 1
+    # the data was tokenised once for the two ranks, by rank 0 (the tests start torchrun without the
+    # launcher's preflight, which would otherwise have built it), and the relaunch reads it back
+    rank0 = (run_dir / "logs" / "pids" / "rank-0").read_text().strip()
+    assert len(token_builds(run_dir)) == 1 and token_builds(run_dir)[0].split(" pid ")[1].startswith(rank0 + " ")
     # back to step 2: its checkpoint stays, what came after goes
     shutil.rmtree(run_dir / "checkpoints" / "step-00000004")
     shutil.rmtree(run_dir / "output")
@@ -54,3 +58,4 @@ def test_a_relaunch_from_a_checkpoint_trains_bitwise_like_the_run_that_never_sto
     assert [r["step"] for r in rows if r.get("event") == "resumed"] == [2]
     assert_same_curve(curve(run_dir), untouched, steps=[3, 4])
     assert final_weights(run_dir) == weights
+    assert len(token_builds(run_dir)) == 1

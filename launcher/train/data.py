@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -40,14 +41,19 @@ def demo_path(name: str = "demo") -> Path:
     return Path(str(resources.files("launcher.data").joinpath(DEMOS[name])))
 
 
-MAX_TEXT_FILE = 2 * 2**30  # JSON / JSONL are read whole; larger sets: parquet or a saved datasets dir
+MAX_TEXT_FILE = 2 * 2**30  # a JSON list is read whole; larger sets: JSONL, parquet or a saved datasets dir
 MAX_RECORD = 16 * 2**20  # one JSONL line
 FORMATS = f"prompt+response, instruction(+input)+output, text, {chat.FORMATS}"
 
 
-def read_records(path: str | None) -> list[tuple[str, object]]:
-    """The records of a data file, each with where it is ("line 7", "record 3") for errors."""
-    p = demo_path(path or "demo") if path is None or (path in DEMOS and not Path(path).exists()) else Path(path)
+def data_path(path: str | None) -> Path:
+    return demo_path(path or "demo") if path is None or (path in DEMOS and not Path(path).exists()) else Path(path)
+
+
+def iter_records(path: str | None) -> Iterator[tuple[str, object]]:
+    """The records of a data file, each with where it is ("line 7", "row 3") for errors. JSONL and
+    parquet are streamed (a file larger than memory never is in it whole); a JSON list is read whole."""
+    p = data_path(path)
     shown = repr(str(p))
     try:
         if not p.exists():
@@ -57,45 +63,61 @@ def read_records(path: str | None) -> list[tuple[str, object]]:
 
             ds = load_from_disk(str(p))
             ds = ds["train"] if hasattr(ds, "keys") and "train" in ds else ds
-            return [(f"row {i + 1}", dict(r)) for i, r in enumerate(ds)]
+            for i, r in enumerate(ds):
+                yield f"row {i + 1}", dict(r)
+            return
         if not p.is_file():
             raise DataError(f"data file {shown} is not a regular file (a FIFO or device?); pass a file")
         if p.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            return [(f"row {i + 1}", r) for i, r in enumerate(pq.read_table(p).to_pylist())]
-        if p.stat().st_size > MAX_TEXT_FILE:
-            raise DataError(
-                f"data file {shown} is over {MAX_TEXT_FILE >> 30} GiB, the limit for JSON / JSONL (read whole); "
-                "convert it to parquet or a saved datasets directory"
-            )
-        text = p.read_bytes().decode("utf-8-sig")  # a byte-order mark is allowed
+            n = 0
+            for batch in pq.ParquetFile(p).iter_batches(batch_size=1024):
+                for r in batch.to_pylist():
+                    n += 1
+                    yield f"row {n}", r
+            return
         if p.suffix == ".json":
-            rows = json.loads(text)
-            rows = rows["data"] if isinstance(rows, dict) and "data" in rows else rows
-            if not isinstance(rows, list):
-                raise DataError(
-                    f"data file {shown} holds a JSON {type(rows).__name__}, not a list of records "
-                    '(or {"data": [...]})'
-                )
-            return [(f"record {i + 1}", r) for i, r in enumerate(rows)]
-        out = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            if len(line) > MAX_RECORD:
-                raise DataError(f"{shown} line {n}: a record over {MAX_RECORD >> 20} MiB; split or shorten it")
-            try:
-                out.append((f"line {n}", json.loads(line)))
-            except (ValueError, RecursionError) as exc:
-                raise DataError(f"cannot read data file {shown}: line {n}: {str(exc)[:120]}") from None
-        return out
+            yield from _json_records(p, shown)
+            return
+        with p.open("rb") as f:
+            for n, raw in enumerate(iter(lambda: f.readline(MAX_RECORD + 2), b""), 1):
+                if len(raw) > MAX_RECORD:
+                    raise DataError(f"{shown} line {n}: a record over {MAX_RECORD >> 20} MiB; split or shorten it")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark is allowed
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except (ValueError, RecursionError) as exc:
+                    raise DataError(f"cannot read data file {shown}: line {n}: {str(exc)[:120]}") from None
+                yield f"line {n}", record
     except DataError:
         raise
     except UnicodeDecodeError:
         raise DataError(f"cannot read data file {shown}: not UTF-8 text; save it as UTF-8") from None
     except (OSError, ValueError, ImportError, RecursionError) as exc:
         raise DataError(f"cannot read data file {shown}: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
+
+
+def _json_records(p: Path, shown: str) -> list[tuple[str, object]]:
+    if p.stat().st_size > MAX_TEXT_FILE:
+        raise DataError(
+            f"data file {shown} is over {MAX_TEXT_FILE >> 30} GiB, the limit for a JSON list (read whole); "
+            "convert it to JSONL, parquet or a saved datasets directory"
+        )
+    rows = json.loads(p.read_bytes().decode("utf-8-sig"))
+    rows = rows["data"] if isinstance(rows, dict) and "data" in rows else rows
+    if not isinstance(rows, list):
+        raise DataError(
+            f"data file {shown} holds a JSON {type(rows).__name__}, not a list of records "
+            '(or {"data": [...]})'
+        )
+    return [(f"record {i + 1}", r) for i, r in enumerate(rows)]
+
+
+def read_records(path: str | None) -> list[tuple[str, object]]:
+    return list(iter_records(path))
 
 
 def _fields(row) -> tuple[str, str] | None:
@@ -116,8 +138,8 @@ def _fields(row) -> tuple[str, str] | None:
 
 @dataclass
 class Examples:
-    input_ids: list[list[int]]
-    labels: list[list[int]]
+    input_ids: Sequence  # of token-id rows: lists, or views of the token cache's files
+    labels: Sequence
     skipped: int = 0  # records that cannot be trained on (with skip_bad_records)
     no_target: int = 0  # records whose response starts beyond seq_len (nothing to learn from)
 
@@ -149,32 +171,49 @@ def _example(row, tokenizer, chars: int, source: str) -> tuple[list[int], list[i
     return seq, [IGNORE] * (len(seq) - len(r)) + r
 
 
-def tokenize(records, tokenizer, seq_len: int, source: str, skip_bad: bool = False) -> Examples:
-    """Token ids and labels; a record that cannot be trained on (no known format, a conversation
-    without an assistant turn or with an unknown role) is an error naming where it is, unless
-    skip_bad (then it is counted). Text beyond what seq_len tokens can hold is not tokenised."""
-    ids, labels, skipped, no_target = [], [], 0, 0
+def encoder(tokenizer, seq_len: int, source: str, skip_bad: bool, tally: Examples):
+    """A function from (where, record) to (token ids, labels), or None for a record that is counted in
+    tally instead (skipped, or with no response token within seq_len). A record that cannot be trained
+    on (no known format, a conversation without an assistant turn or with an unknown role) is an error
+    naming where it is, unless skip_bad. Text beyond what seq_len tokens can hold is not tokenised."""
     chars = seq_len * 64  # no vocabulary has tokens this long on average: the cut never changes a result
-    for where, row in records:
+
+    def encode(where: str, row) -> tuple[list[int], list[int]] | None:
         try:
             seq, lab = _example(row, tokenizer, chars, source)
         except chat.ConversationError as exc:
             if not skip_bad:
                 raise DataError(f"{source} {where}: {exc}; fix it, or pass --skip-bad-records to skip such records") from None
-            skipped += 1
-            continue
+            tally.skipped += 1
+            return None
         seq, lab = seq[:seq_len], lab[:seq_len]
-        if any(x != IGNORE for x in lab):
-            ids.append(seq)
-            labels.append(lab)
-        else:
-            no_target += 1
-    if not ids:
-        raise DataError(
-            f"no usable records in {source}: each needs {FORMATS} fields, with a response that starts within "
-            f"--seq-len {seq_len} tokens ({skipped} skipped, {no_target} with no response token in reach)"
-        )
-    return Examples(ids, labels, skipped, no_target)
+        if all(x == IGNORE for x in lab):
+            tally.no_target += 1
+            return None
+        return seq, lab
+
+    return encode
+
+
+def none_usable(source: str, seq_len: int, tally: Examples) -> DataError:
+    return DataError(
+        f"no usable records in {source}: each needs {FORMATS} fields, with a response that starts within "
+        f"--seq-len {seq_len} tokens ({tally.skipped} skipped, {tally.no_target} with no response token in reach)"
+    )
+
+
+def tokenize(records, tokenizer, seq_len: int, source: str, skip_bad: bool = False) -> Examples:
+    """Token ids and labels of records, in memory (launcher/train/token_cache.py writes them to disk)."""
+    ex = Examples([], [])
+    encode = encoder(tokenizer, seq_len, source, skip_bad, ex)
+    for where, row in records:
+        pair = encode(where, row)
+        if pair is not None:
+            ex.input_ids.append(pair[0])
+            ex.labels.append(pair[1])
+    if not ex.input_ids:
+        raise none_usable(source, seq_len, ex)
+    return ex
 
 
 class Batches:
@@ -210,7 +249,11 @@ class Batches:
 def collate(ex: Examples, rows: list[int], pad_id: int) -> dict:
     """Rows right-padded to the longest; a row index past the set's end is a filler row (the first
     sample with no label: it keeps every rank's batches the same size and counts for nothing)."""
+    import numpy as np
     import torch
+
+    def row(seqs, i):  # a list, or a view of the token cache's file
+        return torch.from_numpy(np.array(seqs[i], dtype=np.int64))
 
     n = len(ex.input_ids)
     width = max(len(ex.input_ids[i if i < n else 0]) for i in rows)
@@ -218,9 +261,9 @@ def collate(ex: Examples, rows: list[int], pad_id: int) -> dict:
     lab = torch.full((len(rows), width), IGNORE, dtype=torch.long)
     for b, i in enumerate(rows):
         k = len(ex.input_ids[i if i < n else 0])
-        ids[b, :k] = torch.tensor(ex.input_ids[i if i < n else 0])
+        ids[b, :k] = row(ex.input_ids, i if i < n else 0)
         if i < n:
-            lab[b, :k] = torch.tensor(ex.labels[i])
+            lab[b, :k] = row(ex.labels, i)
     return {"input_ids": ids, "labels": lab}
 
 
@@ -233,37 +276,26 @@ def eval_batches(ex: Examples, micro: int, dp: int, dp_rank: int, pad_id: int) -
     return [collate(ex, [b * per + dp_rank * micro + j for j in range(micro)], pad_id) for b in range(count)]
 
 
-def split_eval(records: list, fraction: float, seed: int, source: str) -> tuple[list, list]:
-    """(training, evaluation) records: a seeded `fraction` of them held out (the same on every rank
-    and every start, so a resumed run never trains on its evaluation records)."""
-    k = math.ceil(len(records) * fraction)
-    if not 0 < k < len(records):
+def held_indices(count: int, fraction: float, seed: int, source: str) -> set[int]:
+    """Which of count records --eval-split holds out: a seeded `fraction` of them (the same on every
+    rank and every start, so a resumed run never trains on its evaluation records)."""
+    k = math.ceil(count * fraction)
+    if not 0 < k < count:
         raise DataError(
-            f"--eval-split {fraction} of the {len(records)} record(s) in {source} leaves none to train or none to "
+            f"--eval-split {fraction} of the {count} record(s) in {source} leaves none to train or none to "
             "evaluate on; pick another fraction, or pass --eval-data FILE"
         )
-    order = list(range(len(records)))
+    order = list(range(count))
     random.Random(seed * 1_000_003 + 7).shuffle(order)
-    held = set(order[:k])
+    return set(order[:k])
+
+
+def split_eval(records: list, fraction: float, seed: int, source: str) -> tuple[list, list]:
+    """(training, evaluation) records, as held_indices splits them."""
+    held = held_indices(len(records), fraction, seed, source)
     return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]
 
 
 def labelled(labels) -> int:
     """Tokens a batch's loss is the mean over (the labels shift by one: a label's first column never counts)."""
     return int((labels[:, 1:] != IGNORE).sum())
-
-
-def load_sets(cfg, tokenizer, seq_len: int) -> tuple[Examples, Examples | None]:
-    """The training examples and the evaluation ones (None without an evaluation set), as every rank
-    and the preflight check read them from the run's TrainingConfig."""
-    source = cfg.data or "the demo data set"
-    records, held = read_records(cfg.data), None
-    if cfg.eval_split:
-        records, held = split_eval(records, cfg.eval_split, cfg.seed, source)
-    elif cfg.eval_data is not None:
-        held = read_records(cfg.eval_data)
-    train = tokenize(records, tokenizer, seq_len, source, cfg.skip_bad_records)
-    if held is None:
-        return train, None
-    where = cfg.eval_data or f"the --eval-split records of {source}"
-    return train, tokenize(held, tokenizer, seq_len, where, cfg.skip_bad_records)
