@@ -57,15 +57,18 @@ def check_run_dir(run_dir: Path) -> list[str]:
         check_ops(spec)
         return []
     check_versions()
+    from launcher.train.tracking import check_installed
+
+    check_installed(cfg.report_to)
     from launcher.train.checkpoint import usable
-    from launcher.train.data import load_sets
     from launcher.train.model import check_loadable
+    from launcher.train.token_cache import prepare
     from launcher.train.tokenizer import load_tokenizer
 
     check_loadable(spec, run.model.hf_config, run.model.source, cfg.init, has_gpu=not _is_cpu_run(run_dir))
     tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
     source = cfg.data or "the demo data set"
-    examples, _ = load_sets(cfg, tokenizer, spec.seq_len)
+    examples, _, _ = prepare(run_dir, cfg, tokenizer, spec.seq_len)  # tokenised once, here, for all ranks
     check_gpus(run, cpu=_is_cpu_run(run_dir))
     check_ops(spec)
     found, skipped = usable(run_dir / "checkpoints")

@@ -64,6 +64,8 @@ class TrainingConfig(_Strict):
     eval_split: float = Field(0.0, ge=0, lt=1)  # a seeded fraction of the training records held out
     eval_every: int = Field(0, ge=0, le=10_000_000)  # steps between evaluations; 0: at the end only
     log_every: int = Field(1, ge=1)
+    # rank 0's metrics also go to these trackers (launcher/train/tracking.py)
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = []
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     merge_adapter: bool = False  # LoRA / QLoRA: also the adapter merged into the 16-bit base
     # the final model's safetensors shards (transformers' size syntax); pipelines: one per stage

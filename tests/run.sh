@@ -16,7 +16,7 @@ if [ ! -e /usr/include/libaio.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/
 fi
 echo "== installing (torch CPU build first, so nothing pulls a CUDA build)"
 python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e ".[train,test,ray,quant]"
+python -m pip install -q --disable-pip-version-check -e ".[train,test,ray,quant,tracking]"
 # llm-analysis (compared against in bench/accuracy.py) pins transformers<5 and an old
 # huggingface-hub it does not need for offline use: installed without its dependencies
 python -m pip install -q --disable-pip-version-check --no-deps llm-analysis==0.2.2

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.models.catalog import resolve_model
 from launcher.spec import TrainSpec
-from tests.runs import events, make_run, run_torchrun
+from tests.runs import events, in_memory_sets, make_run, run_torchrun
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -60,6 +60,8 @@ SMALL_SHARDS = "100KB"
 DATA = {"zero2": "demo-chat"}
 # cases that hold out records and evaluate them (--eval-split, --eval-every)
 HELD_OUT = {"zero1": {"eval_split": 0.1, "eval_every": 4}, "zero3": {"eval_split": 0.1}}
+# cases that also report to every tracker (--report-to), read back with each library's reader
+TRACKED = {"zero1": ["tensorboard", "wandb", "mlflow"]}
 
 
 def needs_async_io(spec: TrainSpec) -> None:
@@ -85,11 +87,11 @@ def fixed_batch(run_dir=None):
     """The batch the worker evaluates at the end: its training set's first micro-batch (the run's
     data, less its held-out records; the demo set without a run)."""
     from launcher.rundir import TrainingConfig, read_run_dir
-    from launcher.train.data import Batches, load_sets
+    from launcher.train.data import Batches
     from launcher.train.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
-    ex, _ = load_sets(read_run_dir(run_dir).training if run_dir else TrainingConfig(), tok, 64)
+    ex, _ = in_memory_sets(read_run_dir(run_dir).training if run_dir else TrainingConfig(), tok, 64)
     return Batches(ex, 2, 1, 2, 0, tok.pad_token_id).get(0, 0, 0)[0]
 
 
@@ -121,18 +123,45 @@ def reload_loss(run_dir, spec: TrainSpec, quantized_base: bool = True, source: s
         return float(model(**fixed_batch(run_dir)).loss.float())
 
 
+def check_tracking(run_dir) -> None:
+    """The losses of metrics.jsonl, as TensorBoard's and MLflow's own readers read them back from what the
+    run wrote; the W&B offline run (in the run directory, under the id kept for a relaunch) holds the keys."""
+    from mlflow.tracking import MlflowClient
+
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading the file store, as writing it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    want = {r["step"]: r["loss"] for r in metrics(run_dir)}
+    evals = {e["step"]: e["eval_loss"] for e in events(run_dir) if e["event"] == "eval"}
+    board = EventAccumulator(str(run_dir / "tensorboard"))
+    board.Reload()
+    got = {e.step: e.value for e in board.Scalars("train/loss")}
+    assert got == pytest.approx(want, rel=1e-6)  # stored as float32
+    assert {e.step: e.value for e in board.Scalars("eval/loss")} == pytest.approx(evals, rel=1e-6)
+    ids = json.loads((run_dir / "logs" / "tracking.json").read_text())
+    client = MlflowClient(tracking_uri=ids["mlflow"]["uri"])
+    history = client.get_metric_history(ids["mlflow"]["run_id"], "train/loss")
+    assert {m.step: m.value for m in history} == pytest.approx(want, rel=1e-12)
+    run = client.get_run(ids["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["zero_stage"] == "1"
+    assert ids["mlflow"]["uri"].startswith((run_dir / "mlruns").resolve().as_uri())
+    (offline,) = (run_dir / "wandb").glob(f"offline-run-*-{ids['wandb']}")
+    logged = (offline / f"run-{ids['wandb']}.wandb").read_bytes()
+    assert logged.count(b"train/loss") >= len(want) and b"eval/loss" in logged and b"tokens_per_s" in logged
+
+
 def check_evaluations(run_dir, held: dict) -> None:
     """Evaluations at every eval_every step and the end; the last one is the exported model's loss
     per labelled token over the held-out records, computed here apart; the best step is recorded."""
     from launcher.rundir import read_run_dir
-    from launcher.train.data import collate, labelled, load_sets
+    from launcher.train.data import collate, labelled
     from launcher.train.tokenizer import byte_tokenizer
 
     evals = [e for e in events(run_dir) if e["event"] == "eval"]
     every = held.get("eval_every") or 8
     assert [e["step"] for e in evals] == list(range(every, 9, every))
     tok = byte_tokenizer()
-    _, ex = load_sets(read_run_dir(run_dir).training, tok, 64)
+    _, ex = in_memory_sets(read_run_dir(run_dir).training, tok, 64)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(run_dir / "output" / "final"), dtype=torch.bfloat16)
     total = count = 0
     with torch.no_grad():
@@ -157,7 +186,7 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     shard = SMALL_SHARDS if name == "zero3" else "5GB"
     run_dir, argv = make_run(
         tmp_path, name, spec, max_steps=8, save_every=4, lr=lr, nvme_path=nvme, max_shard_size=shard,
-        data=DATA.get(name), **HELD_OUT.get(name, {}),
+        data=DATA.get(name), report_to=TRACKED.get(name, []), **HELD_OUT.get(name, {}),
     )
     proc = run_torchrun(argv)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -188,6 +217,8 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     assert reload_loss(run_dir, spec) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
     if name in HELD_OUT:
         check_evaluations(run_dir, HELD_OUT[name])
+    if name in TRACKED:
+        check_tracking(run_dir)
     if spec.tp > 1:  # AutoTP's split (block linears and the untied LM head) is what the model counts
         from launcher.memory.states import stage_params
 

@@ -10,7 +10,9 @@ from launcher import program
 from launcher.errors import FtlaunchError
 from launcher.rundir import Program
 
-_WORKER_ONLY = ("data", "tokenizer", "merge_adapter", "skip_bad_records", "eval_data", "eval_split", "eval_every")
+_WORKER_ONLY = (
+    "data", "tokenizer", "merge_adapter", "skip_bad_records", "eval_data", "eval_split", "eval_every", "report_to"
+)
 
 
 def entry(args):

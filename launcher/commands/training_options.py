@@ -104,6 +104,15 @@ def add(p: argparse.ArgumentParser) -> None:
         help="steps between evaluations (default: at the end only)",
     )
     t.add_argument(
+        "--report-to",
+        type=_trackers,
+        default=[],
+        metavar="LIST",
+        help="also send the metrics to tensorboard,wandb,mlflow (comma-separated; default none): TensorBoard "
+        "event files in the run directory; W&B offline in it (WANDB_MODE=online and WANDB_API_KEY in the "
+        "environment log live); MLflow to MLFLOW_TRACKING_URI, else a file store in the run directory",
+    )
+    t.add_argument(
         "--skip-bad-records",
         action="store_true",
         help="skip data records that fit no format (default: such a record is an error naming its line); "
@@ -134,6 +143,7 @@ def config(args: argparse.Namespace, source: str, method: str):
         eval_data=data_argument(args.eval_data),
         eval_split=args.eval_split or 0.0,
         eval_every=args.eval_every or 0,
+        report_to=args.report_to,
     )
 
 
@@ -145,3 +155,15 @@ def _fraction(text: str) -> float:
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a fraction between 0 and 1, e.g. 0.05")
     return value
+
+
+def _trackers(text: str) -> list[str]:
+    from launcher.train.tracking import TRACKERS
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: a comma-separated list of {', '.join(TRACKERS)}, or none")
+    return list(dict.fromkeys(names))

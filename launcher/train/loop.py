@@ -19,8 +19,8 @@ from pathlib import Path
 from launcher.rundir import read_run_dir
 from launcher.spec import TrainSpec
 from launcher.train import checkpoint as ckpt
-from launcher.train import cpu_adam, engines, export
-from launcher.train.data import Batches, eval_batches, load_sets
+from launcher.train import cpu_adam, engines, export, token_cache
+from launcher.train.data import Batches, eval_batches
 from launcher.train.model import check_loadable, rank_model
 from launcher.train.tokenizer import load_tokenizer
 
@@ -94,11 +94,16 @@ def _restore_rng(state: dict | None) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+_TRACKERS = None  # rank 0's --report-to trackers (launcher/train/tracking.py), once started
+
+
 def _log(run_dir: Path, rank: int, record: dict) -> None:
     if rank != 0:
         return
     with open(run_dir / "logs" / "metrics.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
+    if _TRACKERS is not None:
+        _TRACKERS.record(record)
     parts = [
         f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items() if v is not None
     ]
@@ -194,11 +199,18 @@ def train(run_dir: Path) -> int:
     torch.manual_seed(cfg.seed)
 
     tokenizer = load_tokenizer(cfg.tokenizer, run.model.source, run.model.hf_config.get("vocab_size", 0))
-    examples, held_out = load_sets(cfg, tokenizer, spec.seq_len)
+    examples, held_out, built = token_cache.on_ranks(run_dir, cfg, tokenizer, spec.seq_len, local_rank)
+    _log(run_dir, rank, {"event": "tokens", "built": built, "records": len(examples.input_ids),
+                         "eval_records": len(held_out.input_ids) if held_out is not None else 0})
     if examples.skipped or examples.no_target:
         _log(run_dir, rank, {"event": "data", "records": len(examples.input_ids), "skipped": examples.skipped,
                              "no_target": examples.no_target})
     batches = Batches(examples, spec.micro_batch, spec.grad_accum, dp, cfg.seed, tokenizer.pad_token_id)
+    if rank == 0 and cfg.report_to:
+        global _TRACKERS
+        from launcher.train.tracking import Trackers
+
+        _TRACKERS = Trackers(run_dir, cfg.report_to, run_dir.name, {**run.spec, "world": world, "dp": dp})
 
     # hf_ds keeps zero.Init on for the whole run under ZeRO-3 (transformers holds it by weak reference)
     model, blocks, hf_ds = rank_model(run, spec, ds_config, rank, world, local_rank if has_gpu else None)
@@ -315,7 +327,7 @@ def train(run_dir: Path) -> int:
             save(step + 1)
         if stop.item() and not done:
             _log(run_dir, rank, {"event": "preempted", "step": step + 1})
-            _close(torch)
+            _close(torch, finished=False)
             return PREEMPTED
 
     digest = trainer.digest()
@@ -333,7 +345,7 @@ def train(run_dir: Path) -> int:
             _log(run_dir, rank, {"event": "best_eval", **best})
         (run_dir / "output" / "final.json").write_text(json.dumps(final))
     _log(run_dir, rank, {"event": "finished", "eval_loss": round(eval_loss, 6)})
-    _close(torch)
+    _close(torch, finished=True)
     return 0
 
 
@@ -347,9 +359,11 @@ def _best_eval(run_dir: Path) -> dict | None:
     return {"step": best["step"], "eval_loss": best["eval_loss"]}
 
 
-def _close(torch) -> None:
-    """Every rank at the same point, then the process group torn down while the interpreter is
-    whole (not by its exit-time destructors)."""
+def _close(torch, finished: bool) -> None:
+    """The trackers closed; every rank at the same point, then the process group torn down while
+    the interpreter is whole (not by its exit-time destructors)."""
+    if _TRACKERS is not None:
+        _TRACKERS.close(finished)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
