@@ -16,6 +16,7 @@ DESCRIPTION = """Plan, write and launch multi-GPU fine-tuning of large language 
 
   ftlaunch --model llama-3.1-8b --gpus 8xH100 --method lora [--dry-run]   plan, write runs/NAME/, start it
   ftlaunch status | logs -f | cancel RUN                               watch a job
+  ftlaunch report RUN                                                  its curves and memory as one HTML page
   ftlaunch plan --model bloom-176b --gpus 8xA100                         the fastest plan that fits, and why
   ftlaunch estimate --model llama-3.1-8b --gpus 1xA100 --method lora   memory of one configuration
   ftlaunch models | gpus                                               what the catalogs hold
@@ -31,7 +32,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from launcher.commands import catalogs, estimate, jobs, launch, plan
+    from launcher.commands import catalogs, estimate, jobs, launch, plan, report
 
     parser = _Parser(
         prog="ftlaunch",
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_parser(sub)
     catalogs.add_parsers(sub)
     jobs.add_parsers(sub)
+    report.add_parser(sub)
     return parser
 
 

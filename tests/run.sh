@@ -9,10 +9,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-if [ ! -e /usr/include/libaio.h ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  # DeepSpeed's async I/O op (NVMe offload, tests/test_train_e2e.py) builds against libaio
-  echo "== installing libaio-dev"
-  apt-get update -qq && apt-get install -y -qq --no-install-recommends libaio-dev >/dev/null
+APT=()
+# DeepSpeed's async I/O op (NVMe offload, tests/test_train_e2e.py) builds against libaio
+[ -e /usr/include/libaio.h ] || APT+=(libaio-dev)
+# tests/test_report.py renders `ftlaunch report`'s page in headless Chromium
+command -v chromium >/dev/null || APT+=(chromium)
+if [ ${#APT[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "== installing ${APT[*]}"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${APT[@]}" >/dev/null
 fi
 echo "== installing (torch CPU build first, so nothing pulls a CUDA build)"
 python -m pip install -q --disable-pip-version-check torch==2.13.0

@@ -44,7 +44,7 @@ def make_run(
         cluster,
         dp,
         spec.micro_batch * spec.grad_accum * dp,
-        {"estimate": est.to_dict(), "pipeline_stages": pipeline_stages(arch, spec, cluster)},
+        {"memory": est.to_dict(), "pipeline_stages": pipeline_stages(arch, spec, cluster)},  # as the planner writes it
         cfg,
         max_restarts=max_restarts,
     )

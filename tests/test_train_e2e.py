@@ -219,6 +219,12 @@ def test_trains_and_final_weights_reload(name, tmp_path):
         check_evaluations(run_dir, HELD_OUT[name])
     if name in TRACKED:
         check_tracking(run_dir)
+        from launcher import report  # the page of a real run: its 8 steps, its evaluations
+
+        assert report.write(run_dir)["steps"] == 8
+        assert (run_dir / "report" / "report.html").read_text().count("<circle") == len(
+            [e for e in events(run_dir) if e["event"] == "eval"]
+        )
     if spec.tp > 1:  # AutoTP's split (block linears and the untied LM head) is what the model counts
         from launcher.memory.states import stage_params
 
