@@ -51,7 +51,8 @@ def clock(seconds: float | None) -> str:
     return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
 
-def _number(value) -> bool:
+def number(value) -> bool:
+    """A finite number that is not a bool (what a metrics.jsonl value must be to be shown)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) < 1e300
 
 
@@ -77,12 +78,12 @@ def summary(run_dir: Path) -> dict:
             row = json.loads(line)
         except (ValueError, RecursionError):
             continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int) and _number(row.get("loss")):
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and number(row.get("loss")):
             rows.append(row)
     if not rows:
         return out
     out["loss"] = round(float(rows[-1]["loss"]), 4)
-    times = [float(r["step_s"]) for r in rows if _number(r.get("step_s")) and r["step_s"] >= 0]
+    times = [float(r["step_s"]) for r in rows if number(r.get("step_s")) and r["step_s"] >= 0]
     left = eta(total - rows[-1]["step"], times) if total else None
     if left is not None:
         out["eta_s"] = round(left, 1)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import html
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.progress import number
 from launcher.rundir import read_run_dir
 
 W, H, PAD = 720, 300, 56  # chart size and margin (px)
@@ -62,17 +62,13 @@ def _rows(run_dir: Path) -> list[dict]:
     return out
 
 
-def _finite(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def charts(rows: list[dict]) -> list[Chart]:
-    steps = [r for r in rows if isinstance(r.get("step"), int) and _finite(r.get("loss")) and "event" not in r]
-    evals = [r for r in rows if r.get("event") == "eval" and isinstance(r.get("step"), int) and _finite(r.get("eval_loss"))]
+    steps = [r for r in rows if isinstance(r.get("step"), int) and number(r.get("loss")) and "event" not in r]
+    evals = [r for r in rows if r.get("event") == "eval" and isinstance(r.get("step"), int) and number(r.get("eval_loss"))]
     loss = Chart("loss", "Loss", "loss per token", [Series("training loss", COLORS["train"], [(r["step"], r["loss"]) for r in steps])])
     if evals:
         loss.series.append(Series("evaluation loss", COLORS["eval"], [(r["step"], r["eval_loss"]) for r in evals], dots=True))
-    speed = [(r["step"], r["tokens_per_s"]) for r in steps if _finite(r.get("tokens_per_s"))]
+    speed = [(r["step"], r["tokens_per_s"]) for r in steps if number(r.get("tokens_per_s"))]
     return [loss, Chart("tokens", "Throughput", "tokens/s", [Series("tokens/s", COLORS["tokens"], speed)])]
 
 
@@ -149,7 +145,7 @@ def memory_rows(plan: dict, rows: list[dict]) -> tuple[list[tuple[str, str, str]
     """(component, planned GiB, measured GiB) rows and a note on what was measured."""
     per_gpu = plan.get("memory", {}).get("per_gpu", {})
     table = [(name.replace("_", " "), f"{gib:.3f}", "") for name, gib in per_gpu.get("components", {}).items()]
-    measured = {k: max((r[k] for r in rows if _finite(r.get(k))), default=None)
+    measured = {k: max((r[k] for r in rows if number(r.get(k))), default=None)
                 for k in ("peak_allocated_gib", "peak_reserved_gib", "host_rss_gib")}
     for key, label in (("peak_allocated_gib", "peak allocated"), ("peak_reserved_gib", "peak reserved")):
         got = measured[key]

@@ -24,13 +24,13 @@ from pathlib import Path
 from launcher.errors import FtlaunchError
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
-PACKAGE = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # what pip installs
+# what pip installs for each (the module imported is the tracker's own name)
 INSTALL = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
 
 
 def check_installed(report_to: list[str]) -> None:
     """Before any rank: every tracker asked for can be imported here."""
-    missing = [t for t in report_to if importlib.util.find_spec(PACKAGE[t]) is None]
+    missing = [t for t in report_to if importlib.util.find_spec(t) is None]
     if missing:
         raise FtlaunchError(
             f"--report-to {','.join(missing)} needs {' and '.join(INSTALL[t] for t in missing)}, not installed in "
