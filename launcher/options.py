@@ -160,6 +160,12 @@ def add_training(p: argparse.ArgumentParser, *, search: bool = False) -> None:
         "head recomputed in backward (chunked: the logits working set of one chunk, for one more head "
         "forward). Default: " + ("the planner's choice" if search else "full"),
     )
+    b.add_argument(
+        "--packing",
+        action="store_true",
+        help="concatenate short samples into full --seq-len rows (attention and positions kept within each "
+        "sample, the loss unchanged): more real tokens per step on short data; not with --pp > 1",
+    )
     s = p.add_argument_group("sharding")
     s.add_argument(
         "--zero-stage", type=non_negative_int, metavar="{0,1,2,3}", help="DeepSpeed ZeRO stage (default 0)"
@@ -200,6 +206,7 @@ def train_spec(args: argparse.Namespace, dp_of: callable | None = None) -> S.Tra
         optimizer=args.optimizer,
         seq_len=args.seq_len,
         attention=args.attention,
+        packing=bool(getattr(args, "packing", False)),
     )
     for name in (
         "lora_r",

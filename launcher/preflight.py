@@ -76,6 +76,10 @@ def check_run_dir(run_dir: Path) -> list[str]:
     notes = [f"checkpoint step {step} is damaged ({why}): {then}" for step, why in skipped]
     if examples.skipped or examples.no_target:
         notes.append(examples.report(source))
+    from launcher.train.packing import data_note
+
+    speed = (run.plan.get("perf") or {}).get("tokens_per_s")
+    notes.append(data_note(examples, spec, cfg.seed, speed, run.model.hf_config.get("model_type", "?")))
     return notes
 
 

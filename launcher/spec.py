@@ -53,6 +53,8 @@ class TrainSpec:
     attention: str = "sdpa"
     loss: str = "full"  # chunked: cross-entropy a chunk of tokens at a time (memory.constants.LOSS_CHUNK_TOKENS)
     optimizer_step: str = "after-backward"  # in-backward: OPTIMIZER_STEPS
+    # samples concatenated into full rows, attention kept within each (launcher/train/packing.py)
+    packing: bool = False
     zero_stage: int = 0
     offload_optimizer: str = "none"
     offload_params: str = "none"
@@ -123,6 +125,11 @@ class TrainSpec:
             raise InvalidSpecError(
                 f"--loss chunked with --pp {self.pp}: the chunked loss runs on the data-parallel engine, and "
                 "DeepSpeed's pipeline engine hands the whole logits to its loss; use --pp 1 or --loss full"
+            )
+        if self.packing and self.pp > 1:
+            raise InvalidSpecError(
+                f"--packing with --pp {self.pp}: packed rows need per-sample position ids, and DeepSpeed's "
+                "pipeline engine passes the token ids alone between stages; use --pp 1 or drop --packing"
             )
         if self.optimizer_step == "in-backward":
             why = in_backward_conflict(self)

@@ -300,3 +300,27 @@ def test_gemma2_soft_capping_is_counted(method):
     capped = E.logits_bytes(arch, spec)
     assert capped == 14 * 2 * 256 * GEMMA2["vocab_size"]  # 12 B/logit + tanh's bf16 output
     assert abs((predicted + capped) / live.peak - 1) < TOL, (predicted + capped, live.peak)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_packed_rows_keep_what_the_model_counts(precision, attention):
+    """--packing: per-sample position ids make transformers build a block-diagonal mask; under sdpa
+    each layer then keeps the mask's float bias and K/V repeated to every head. Both the total and
+    the increase over unpacked rows are what the model says."""
+    model, spec = build(precision, attention, "full", "none")
+    packed_spec = spec.with_(packing=True)
+    ids = torch.randint(0, CFG["vocab_size"], (BATCH, SEQ))
+    # three samples a row, of unequal lengths
+    positions = torch.cat([torch.arange(100), torch.arange(SEQ - 160), torch.arange(60)]).repeat(BATCH, 1)
+    with SavedBytes(model) as plain:
+        model(input_ids=ids, use_cache=False)
+    with SavedBytes(model) as packed:  # no cache: as the worker runs (transformers packs only so)
+        model(input_ids=ids, position_ids=positions, use_cache=False)
+    predicted = analytic_activations(packed_spec)
+    assert abs(predicted / packed.total - 1) < TOL, (predicted, packed.total)
+    more = predicted - analytic_activations(spec)
+    if attention == "sdpa":  # the eager kernel had its s² scores and expanded heads already
+        assert abs(more / (packed.total - plain.total) - 1) < TOL, (more, packed.total - plain.total)
+    else:
+        assert more == 0 and abs(packed.total / plain.total - 1) < 0.01

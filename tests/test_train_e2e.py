@@ -20,7 +20,9 @@ pytestmark = pytest.mark.slow
 
 CASES = {
     "zero1": TrainSpec(zero_stage=1, micro_batch=2, seq_len=64),
-    "zero2": TrainSpec(zero_stage=2, micro_batch=2, seq_len=64, grad_accum=2),
+    # packed conversations: position ids through DeepSpeed's engine and the export's evaluation
+    # (at 256 tokens the demo conversations make 50 rows of 101 samples)
+    "zero2": TrainSpec(zero_stage=2, micro_batch=2, seq_len=256, grad_accum=2, packing=True),
     "zero3": TrainSpec(zero_stage=3, micro_batch=2, seq_len=64),
     "autotp": TrainSpec(zero_stage=1, tp=2, micro_batch=2, seq_len=64),
     "lora-zero3": TrainSpec(
@@ -91,7 +93,13 @@ def fixed_batch(run_dir=None):
     from launcher.train.tokenizer import byte_tokenizer
 
     tok = byte_tokenizer()
-    ex, _ = in_memory_sets(read_run_dir(run_dir).training if run_dir else TrainingConfig(), tok, 64)
+    spec = read_run_dir(run_dir).spec if run_dir else {}
+    seq_len = spec.get("seq_len", 64)
+    ex, _ = in_memory_sets(read_run_dir(run_dir).training if run_dir else TrainingConfig(), tok, seq_len)
+    if spec.get("packing"):
+        from launcher.train.packing import packed
+
+        ex = packed(ex, seq_len)[0]
     return Batches(ex, 2, 1, 2, 0, tok.pad_token_id).get(0, 0, 0)[0]
 
 
@@ -215,6 +223,10 @@ def test_trains_and_final_weights_reload(name, tmp_path):
     assert sum(losses[-2:]) < sum(losses[:2]), losses
     final = json.loads((run_dir / "output" / "final.json").read_text())
     assert reload_loss(run_dir, spec) == pytest.approx(final["eval_loss"], rel=1e-3, abs=1e-3)
+    if spec.packing:  # the rows the worker trained on, as packing.packed makes them from the samples
+        (info,) = [e for e in events(run_dir) if e["event"] == "packing"]
+        assert {k: info[k] for k in ("samples", "rows", "fill")} == {"samples": 101, "rows": 50, "fill": 0.9516}
+        assert "position_ids" in fixed_batch(run_dir)
     if name in HELD_OUT:
         check_evaluations(run_dir, HELD_OUT[name])
     if name in TRACKED:

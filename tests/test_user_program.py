@@ -63,6 +63,7 @@ def test_placeholders_expand_and_braces_stay_literal():
         (["--script", "ddp.py", "--pp", "2", "--", "{hf_args}"], "pipeline plan has no Hugging Face Trainer form"),
         (["--script", "ddp.py", "--precision", "bf16", "--", "{hf_args}"], "add --precision fp32"),
         (["--script", "ddp.py", "--precision", "fp32", "--loss", "chunked", "--", "{hf_args}"], "computes the whole loss"),
+        (["--script", "ddp.py", "--packing"], "your program builds its own batches"),
     ],
 )
 def test_bad_programs_are_one_line_and_nothing_is_written(argv, message, tmp_path, monkeypatch, capsys):

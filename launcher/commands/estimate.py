@@ -9,6 +9,7 @@ from launcher import options
 from launcher.errors import InvalidSpecError
 from launcher.memory.estimate import check_parallelism, estimate
 from launcher.models.catalog import resolve_model
+from launcher.models.hf_families import packing_refusal
 from launcher.spec import autotp_conflict
 
 HELP = "memory per GPU, host RAM and NVMe of one configuration (no search)"
@@ -65,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidSpecError(
             f"--tp {spec.tp} with this configuration: {why}; use --tp 1 (ZeRO shards instead)"
         )
+    why = packing_refusal(arch.model_type) if spec.packing else None
+    if why is not None:
+        raise InvalidSpecError(f"--packing: {why}")
     est = estimate(arch, spec, cluster)
     if args.json:
         out = est.to_dict(cluster)

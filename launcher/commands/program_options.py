@@ -69,6 +69,11 @@ def check_plan(entry, spec, cpu: bool) -> None:
             "--optimizer-step in-backward is run by ftlaunch's worker; your program steps its own optimizer "
             "after the backward; drop --optimizer-step"
         )
+    if spec.packing:
+        raise FtlaunchError(
+            "--packing is done by ftlaunch's worker; your program builds its own batches (pack them there, e.g. "
+            "TRL's SFTConfig(packing=True)); drop --packing"
+        )
     if "{hf_args}" not in entry.args:
         return
     if spec.pp > 1:

@@ -13,7 +13,8 @@ every tensor autograd keeps is counted from the architecture as transformers imp
   attention    sdpa/flash: q, k, v (after RoPE, K/V at the KV width: GQA stays unexpanded),
                the output and the fp32 log-sum-exp; eager: q and K expanded to all heads, fp32
                softmax output + its 16-bit copy (the s² terms), V expanded; then the
-               contiguous output o_proj reads. sdpa's math kernel (falcon-7b's multi-query
+               contiguous output o_proj reads. Packed rows under sdpa (--packing): K/V expanded to
+               every head and the float bias of the block-diagonal mask (b·s² per layer). sdpa's math kernel (falcon-7b's multi-query
                layout, `sdpa_math_kernel`): fp32 copies of q, K, V and the fp32 softmax.
   MLP          gated SiLU: gate, SiLU(gate), up, product (4 × s·b·ffn); GELU: 2; ReLU: 1;
                GELU written as tanh formula (gpt2/phi "gelu_new"): 5. MoE: per routed token.
@@ -167,6 +168,7 @@ def layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> La
         spec.seq_len,
         spec.method,
         spec.attention,
+        spec.packing,
         spec.lora_r,
         frozenset(targets),
     )
@@ -228,6 +230,13 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
         kv_width = kvd if b == 1 else qd
         attention = 4 * T * (qd + 2 * kv_width) / t
         scores = 4 * b * heads * s * s
+    elif spec.packing and impl == "sdpa":
+        # packed rows reach sdpa with transformers' block-diagonal boolean mask: sdpa turns it into
+        # a float bias in the compute dtype that the masked kernel (memory-efficient on CUDA)
+        # keeps per layer, and with a mask transformers repeats K/V to every query head
+        # (use_gqa_in_sdpa). flash-attn's variable-length kernel needs neither.
+        attention = 3 * T * qd / t * e + T * qd / t * e + 4 * b * heads * s
+        scores = b * s * s * e
     else:
         attention = T * (qd + 2 * kvd) / t * e + T * qd / t * e + 4 * b * heads * s
 

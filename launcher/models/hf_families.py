@@ -330,3 +330,21 @@ BUILDERS: dict[str, Callable[[ConfigReader], ModelArch]] = {
 }
 # Older model_type spellings of the same module trees (remote-code era configs).
 ALIASES = {"RefinedWeb": "falcon", "RefinedWebModel": "falcon", "stablelm_epoch": "stablelm"}
+
+
+# model types whose loss on a packed row equals the unpacked loss with --packing (per-sample position ids
+# restart the attention at each sample; tests/test_packing.py checks each)
+PACKED_FAMILIES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi", "stablelm", "gpt_neox",
+    "falcon", "gpt2",
+})
+
+
+def packing_refusal(model_type: str) -> str | None:
+    """Why --packing cannot train this family, or None."""
+    if model_type in PACKED_FAMILIES:
+        return None
+    return (
+        f"{model_type} models do not take per-sample position ids (their attention would cross the "
+        f"samples of a packed row); packing trains {', '.join(sorted(PACKED_FAMILIES))}: drop --packing"
+    )

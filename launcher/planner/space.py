@@ -40,6 +40,7 @@ from launcher.memory import states as S
 from launcher.memory.activations import selective_is_full
 from launcher.memory.constants import LOSS_CHUNK_TOKENS
 from launcher.memory.estimate import check_parallelism
+from launcher.models.hf_families import packing_refusal
 from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
@@ -164,6 +165,9 @@ def _pinned_spec(request: Request, base: TrainSpec) -> None:
     --offload-params cpu), taking the unpinned stage as the lowest the pinned offloads allow;
     likewise for a pinned --tp that AutoTP cannot train."""
     _check_hpz(request)
+    why = packing_refusal(request.arch.model_type) if base.packing else None
+    if why is not None:
+        raise InvalidSpecError(f"--packing: {why}")
     pins = dict(request.pinned)
     if "zero_stage" not in pins:
         needs3 = (

@@ -142,6 +142,8 @@ class Examples:
     labels: Sequence
     skipped: int = 0  # records that cannot be trained on (with skip_bad_records)
     no_target: int = 0  # records whose response starts beyond seq_len (nothing to learn from)
+    # packed rows (launcher/train/packing.py): each row's position ids, restarting at every sample
+    position_ids: Sequence | None = None
 
     def report(self, source: str) -> str:
         return (
@@ -234,9 +236,7 @@ class Batches:
 
     def _index(self, k: int) -> int:
         epoch, i = divmod(k, self.n)
-        order = list(range(self.n))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order[i]
+        return epoch_order(self.n, self.seed, epoch)[i]
 
     def get(self, step: int, micro_step: int, dp_rank: int) -> tuple[dict, int]:
         """The model's inputs for one micro-batch, and how many real (unpadded) tokens it holds."""
@@ -244,6 +244,13 @@ class Batches:
         start = step * per_step + (micro_step * self.dp + dp_rank) * self.micro
         rows = [self._index(start + j) for j in range(self.micro)]
         return collate(self.ex, rows, self.pad), sum(len(self.ex.input_ids[i]) for i in rows)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The order in which an epoch visits the n rows (seeded: every rank and start agrees)."""
+    order = list(range(n))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order
 
 
 def collate(ex: Examples, rows: list[int], pad_id: int) -> dict:
@@ -256,15 +263,23 @@ def collate(ex: Examples, rows: list[int], pad_id: int) -> dict:
         return torch.from_numpy(np.array(seqs[i], dtype=np.int64))
 
     n = len(ex.input_ids)
-    width = max(len(ex.input_ids[i if i < n else 0]) for i in rows)
+    seqs = [row(ex.input_ids, i if i < n else 0) for i in rows]
+    width = max(len(s) for s in seqs)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     lab = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    for b, i in enumerate(rows):
-        k = len(ex.input_ids[i if i < n else 0])
-        ids[b, :k] = row(ex.input_ids, i if i < n else 0)
+    for b, (i, seq) in enumerate(zip(rows, seqs, strict=True)):
+        ids[b, : len(seq)] = seq
         if i < n:
-            lab[b, :k] = row(ex.labels, i)
-    return {"input_ids": ids, "labels": lab}
+            lab[b, : len(seq)] = row(ex.labels, i)
+    out = {"input_ids": ids, "labels": lab}
+    if ex.position_ids is not None:
+        # the padding after a packed row's samples is one more sample of its own (positions from 0)
+        pos = torch.arange(width, dtype=torch.long).repeat(len(rows), 1)
+        for b, (i, seq) in enumerate(zip(rows, seqs, strict=True)):
+            pos[b, : len(seq)] = row(ex.position_ids, i if i < n else 0)
+            pos[b, len(seq):] -= len(seq)
+        out["position_ids"] = pos
+    return out
 
 
 def eval_batches(ex: Examples, micro: int, dp: int, dp_rank: int, pad_id: int) -> list[dict]:

@@ -205,6 +205,11 @@ def train(run_dir: Path) -> int:
     if examples.skipped or examples.no_target:
         _log(run_dir, rank, {"event": "data", "records": len(examples.input_ids), "skipped": examples.skipped,
                              "no_target": examples.no_target})
+    if spec.packing:
+        from launcher.train.packing import packed
+
+        examples, packing = packed(examples, spec.seq_len)
+        _log(run_dir, rank, {"event": "packing", **packing})
     batches = Batches(examples, spec.micro_batch, spec.grad_accum, dp, cfg.seed, tokenizer.pad_token_id)
     if rank == 0 and cfg.report_to:
         global _TRACKERS

@@ -45,6 +45,12 @@ def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has
             raise ModelLoadError(f"pp {spec.pp}: {why}")
         if spec.zero_stage != 1:
             raise ModelLoadError(f"pp {spec.pp} with ZeRO-{spec.zero_stage}: {PIPELINE_ZERO0}; plan again with --zero-stage 1")
+    if spec.packing:
+        from launcher.models.hf_families import packing_refusal
+
+        why = packing_refusal(hf_config.get("model_type", "?"))
+        if why is not None:
+            raise ModelLoadError(why)
     why = autotp_conflict(spec)
     if why is not None:
         raise ModelLoadError(f"tp {spec.tp}: {why}; plan again (tp 1)")
