@@ -185,6 +185,9 @@ def check_ops(spec: TrainSpec) -> None:
         needed.append(("AsyncIOBuilder", "async I/O (NVMe offload): apt-get install libaio-dev"))
     if not needed:
         return
+    from launcher.train import deepspeed_import
+
+    deepspeed_import.load()
     from deepspeed.ops import op_builder
 
     for name, what in needed:
