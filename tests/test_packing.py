@@ -145,3 +145,22 @@ def test_packing_refuses_the_pipeline_and_families_without_positions(tmp_path, c
         assert main(args + flags) == 0
         layouts[bool(flags)] = {p["pp"] for p in json.loads(capsys.readouterr().out)["plans"]}
     assert max(layouts[False]) > 1 and layouts[True] == {1}  # the search drops the pipeline layouts only
+
+
+def test_the_plan_counts_packed_rows_under_sdpa_and_not_under_flash():
+    from launcher.hardware import parse_gpus
+    from launcher.memory.estimate import estimate
+    from launcher.models.catalog import resolve_model
+    from launcher.planner.perf import performance
+    from launcher.spec import TrainSpec
+
+    arch, cluster = resolve_model("llama-3.2-1b"), parse_gpus("1xA100")
+    for attention, packed_costs_more in (("sdpa", True), ("flash", False)):
+        spec = TrainSpec(micro_batch=2, seq_len=4096, attention=attention)
+        plain, packed_ = estimate(arch, spec, cluster), estimate(arch, spec.with_(packing=True), cluster)
+        # the mask's bias per layer (2 x 4096² bf16) and K/V repeated from 8 to 32 heads
+        more = 2 * 4096 * 4096 * 2 + 2 * 2 * 4096 * (32 - 8) * 64 * 2
+        assert packed_.activations_per_layer - plain.activations_per_layer == (more if packed_costs_more else 0)
+        assert (packed_.gpu_total > plain.gpu_total) is packed_costs_more
+        fast, slow = (performance(arch, s, cluster, 1).tokens_per_s for s in (spec, spec.with_(packing=True)))
+        assert (slow < fast) is packed_costs_more and slow <= fast

@@ -108,6 +108,12 @@ def unfused_attention(arch: ModelArch, spec: TrainSpec) -> bool:
     return attention_impl(arch, spec) in ("eager", "math")
 
 
+def masked_sdpa(arch: ModelArch, spec: TrainSpec) -> bool:
+    """Packed rows under sdpa: the block-diagonal mask makes sdpa run its masked kernel (memory-
+    efficient on CUDA) over the whole s x s square, where unmasked causal attention skips half."""
+    return spec.packing and attention_impl(arch, spec) == "sdpa"
+
+
 def dropout_rate(arch: ModelArch, *keys: str) -> float:
     for k in keys:
         v = arch.hf_config.get(k)
@@ -230,7 +236,7 @@ def _layer_activations(arch: ModelArch, spec: TrainSpec, targets: set[str]) -> L
         kv_width = kvd if b == 1 else qd
         attention = 4 * T * (qd + 2 * kv_width) / t
         scores = 4 * b * heads * s * s
-    elif spec.packing and impl == "sdpa":
+    elif masked_sdpa(arch, spec):
         # packed rows reach sdpa with transformers' block-diagonal boolean mask: sdpa turns it into
         # a float bias in the compute dtype that the masked kernel (memory-efficient on CUDA)
         # keeps per layer, and with a mask transformers repeats K/V to every query head

@@ -8,7 +8,8 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              GEMM shape factor of each linear (gemm_shape: every dimension d of its matrices -
              tokens per micro-batch, fan-in, fan-out after the TP split - reaches d / (d +
              GEMM_HALF_DIM) of the large-matrix rate: tiles and waves left part-empty). Per token
-             and layer: linears 2·N forward; attention 4·s·d forward (half with causal sdpa/flash);
+             and layer: linears 2·N forward; attention 4·s·d forward (half with causal sdpa/flash,
+             whole again with packed rows' masked sdpa);
              backward twice the forward for full fine-tuning (6·N in all); LoRA skips the frozen
              weights' gradients (4·N) and adds 6·n per adapter parameter. The LM head (2·V·h) is
              not split by tensor parallelism (AutoTP), the blocks are.
@@ -64,7 +65,7 @@ from dataclasses import dataclass
 from launcher.gpus import GpuType
 from launcher.hardware import ClusterSpec, NodeSpec
 from launcher.memory import states as S
-from launcher.memory.activations import selective_matmuls, unfused_attention
+from launcher.memory.activations import masked_sdpa, selective_matmuls, unfused_attention
 from launcher.memory.edges import chunked_loss
 from launcher.memory.estimate import estimate, stage_split
 from launcher.models.arch import ModelArch
@@ -181,7 +182,7 @@ def token_flops(arch: ModelArch, spec: TrainSpec) -> TokenFlops:
         if lin.name in targets:
             lora += active * spec.lora_r * (lin.fan_in + lin.fan_out)
     unfused = unfused_attention(arch, spec)
-    causal = 1.0 if unfused else C.CAUSAL_FRACTION
+    causal = 1.0 if unfused or masked_sdpa(arch, spec) else C.CAUSAL_FRACTION
     attn = 4 * spec.seq_len * arch.heads * arch.head_dim * causal
     head = 2 * arch.vocab * arch.hidden
     if spec.method == "full":

@@ -116,6 +116,8 @@ def data_note(ex: Examples, spec, seed: int, plan_tokens_per_s: float | None, mo
     note = f"data: {what}; {share:.0%} of the tokens a step computes are real"
     if plan_tokens_per_s:
         note += f": the plan's {plan_tokens_per_s:,.0f} tokens/s are about {share * plan_tokens_per_s:,.0f} real tokens/s"
+    if spec.packing and spec.attention == "sdpa":
+        note += " (sdpa runs packed rows with a mask; --attention flash packs them without one, faster and smaller)"
     if not spec.packing and packed_share > 1.25 * plain and spec.pp == 1 and model_type in PACKED_FAMILIES:
         note += f" (--packing: {packed_share:.0%}, {packed_share / plain:.1f}x the real tokens per step)"
     return note
