@@ -117,6 +117,8 @@ CASES = [
     # --loss chunked: the head and the loss a chunk at a time, recomputed in backward
     ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=2, seq_len=2048, loss="chunked")),
     ("qwen2.5-0.5b", "8xA100-80GB", dict(micro_batch=2, seq_len=1024, method="lora", zero_stage=3, loss="chunked")),
+    # --packing under sdpa: the block-diagonal mask's float bias per layer and K/V repeated to every head
+    ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=2, seq_len=2048, packing=True)),
     # the optimizer step in backward: one parameter's gradient (one rank) or a bucket of hidden² elements
     ("llama-3.2-1b", "1xA100-80GB", dict(micro_batch=1, seq_len=1024, precision="bf16-pure", optimizer_step="in-backward")),
     ("qwen2.5-0.5b", "4xA100-80GB", dict(micro_batch=1, seq_len=512, precision="fp32", grad_ckpt="full",
@@ -150,7 +152,9 @@ def test_analytic_is_within_5_percent_of_the_trace(model, gpus, kw):
     t = trace(arch, spec, est.dp, quiet=True)
     adapters = t.params_trainable if spec.trains_adapters else 0
     assert t.params_total - adapters == arch.total_params  # the traced model is the real one
-    assert abs(est.peak_allocated / t.peak_allocated - 1) < 0.05, (est.components, t.components)
+    # packed rows' mask and K/V copies are 2 % of this peak: a 1 % bound tells a miss apart
+    tolerance = 0.01 if spec.packing else 0.05
+    assert abs(est.peak_allocated / t.peak_allocated - 1) < tolerance, (est.components, t.components)
 
 
 @pytest.mark.slow

@@ -58,7 +58,7 @@ def _no_op_casts(torch, dtype) -> None:
     torch.nn.Module.to = to
 
 
-def _unmasked_batches() -> None:
+def _unmasked_batches(packed: bool) -> None:
     """Trace the worker's batches: right-padded rows with no attention mask (launcher/train/data.py
     says why). With real tensors transformers sees positions 0..S-1 and no mask and lets sdpa
     apply causality itself (no mask tensor, GQA K/V not expanded); fake tensors look like a
@@ -76,8 +76,10 @@ def _unmasked_batches() -> None:
         return q_length == 1 or kv_length == q_length
 
     masking._ignore_causal_mask_sdpa = ignore_causal_mask
-    # positions 0..S-1 in every row: one sequence per row, which real tensors reveal
-    masking.find_packed_sequence_indices = lambda position_ids: None
+    if not packed:  # positions 0..S-1 in every row: one sequence per row, which real tensors reveal
+        masking.find_packed_sequence_indices = lambda position_ids: None
+    # packed rows (--packing) restart their positions per sample: transformers finds the samples from
+    # the fake position ids as from real ones and builds the block-diagonal mask the worker's rows get
 
 
 def _attention_without_dropout(torch) -> None:
@@ -145,7 +147,7 @@ def trace_step(req: dict) -> dict:
     uncounted = ("optimizer_temporaries", "partition_view") + (("unsharded_weights",) if stage == 3 else ())
     tracker = CategoryTracker(uncounted=uncounted)
     _no_op_casts(torch, torch_dtype(spec.precision))
-    _unmasked_batches()
+    _unmasked_batches(spec.packing)
     _attention_without_dropout(torch)
     _dropout_as_on_cuda(torch)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -261,6 +263,11 @@ def trace_step(req: dict) -> dict:
         head.register_full_backward_hook(blocks_phase)
 
         ids = torch.randint(0, int(req["vocab"]), (spec.micro_batch, spec.seq_len))
+        inputs = {"input_ids": ids, "labels": ids}
+        if spec.packing:  # three samples a row, each with its own positions (no cache: transformers packs only so)
+            cut = [spec.seq_len // 2, spec.seq_len // 4, spec.seq_len - spec.seq_len // 2 - spec.seq_len // 4]
+            pos = torch.cat([torch.arange(n) for n in cut if n]).repeat(spec.micro_batch, 1)
+            inputs.update(position_ids=pos, use_cache=False)
         moments: dict[str, int] = {}
         micro_batches = min(spec.grad_accum, 2)
         with tracker:
@@ -271,7 +278,7 @@ def trace_step(req: dict) -> dict:
                     _progress(f"step {step}: forward" + (f" (micro-batch {micro + 1})" if micro else ""))
                     tracker.phase, tracker.moment = "activations", "forward"
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec.precision == "bf16-autocast"):
-                        loss = model(input_ids=ids, labels=ids).loss  # (DeepSpeed's torch_autocast)
+                        loss = model(**inputs).loss  # (DeepSpeed's torch_autocast)
                     _progress(f"step {step}: backward")
                     tracker.phase, tracker.moment = "logits_loss", "backward"
                     moments[f"step {step}.{micro + 1} backward start"] = tracker.total
