@@ -164,3 +164,17 @@ def test_the_plan_counts_packed_rows_under_sdpa_and_not_under_flash():
         assert (packed_.gpu_total > plain.gpu_total) is packed_costs_more
         fast, slow = (performance(arch, s, cluster, 1).tokens_per_s for s in (spec, spec.with_(packing=True)))
         assert (slow < fast) is packed_costs_more and slow <= fast
+
+
+def test_packing_raises_the_real_tokens_of_a_step_on_the_demo_set(tok):
+    from launcher.rundir import TrainingConfig
+    from tests.runs import in_memory_sets
+
+    ex, _ = in_memory_sets(TrainingConfig(), tok, 256)
+    rows, info = packed(ex, 256)
+    per_step = {}
+    for name, data in (("plain", ex), ("packed", rows)):
+        batches = Batches(data, 2, 1, 1, 0, tok.pad_token_id)
+        per_step[name] = sum(batches.get(step, 0, 0)[1] for step in range(10)) / 10
+    # 202 samples of ~46 tokens in 39 rows: about five samples' tokens where one was
+    assert info["rows"] == 39 and per_step["packed"] > 4 * per_step["plain"], per_step
