@@ -102,12 +102,12 @@ def test_bitsandbytes_adamw_states_on_a_flat_partition_are_what_the_model_counts
     """8-bit and paged AdamW (their states on a CPU are ordinary tensors of the same sizes)."""
     from launcher.memory.states import StageParams
     from launcher.spec import TrainSpec
-    from launcher.train.loop import _client_optimizer
+    from launcher.train.optimizers import client_optimizer
 
     n = 3 * 2**20 + 100  # a DeepSpeed flat partition: one fp32 tensor, not a multiple of a block
     flat = torch.nn.Parameter(torch.randn(n))
     spec = TrainSpec(optimizer=optimizer, zero_stage=1)
-    opt = _client_optimizer(spec, [flat], 1e-3, 0.0)  # what the worker builds
+    opt = client_optimizer(spec, [flat], 1e-3, 0.0)  # what the worker builds
     flat.grad = torch.randn(n)
     opt.step()
     state = opt.state[flat]

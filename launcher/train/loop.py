@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.rundir import read_run_dir
 from launcher.spec import TrainSpec
 from launcher.train import checkpoint as ckpt
-from launcher.train import cpu_adam, deepspeed_import, engines, export, token_cache
+from launcher.train import cpu_adam, deepspeed_import, engines, export, optimizers, token_cache
 from launcher.train.data import Batches, eval_batches
 from launcher.train.model import check_loadable, rank_model
 from launcher.train.tokenizer import load_tokenizer
@@ -33,45 +33,6 @@ class _Stop:
     @classmethod
     def handler(cls, signum, frame):
         cls.requested = True
-
-
-def _client_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float, hidden: int = 0):
-    """Optimizers DeepSpeed does not build from its config; None means the config's AdamW. In
-    backward (in_backward.py): one per parameter, AdamW included, stepped from the backward with
-    the gradients averaged in buckets of hidden² elements (the memory model's reduce bucket)."""
-    if spec.optimizer_step == "in-backward":
-        from launcher.train import in_backward
-
-        def one(p):
-            return _one_optimizer(spec, p, lr, weight_decay)
-
-        return in_backward.optimizer(params, one, lr, hidden * hidden)
-    if spec.optimizer == "adamw":
-        return None
-    return _one_optimizer(spec, params, lr, weight_decay)
-
-
-def _one_optimizer(spec: TrainSpec, params, lr: float, weight_decay: float):
-    import torch
-
-    if spec.optimizer == "adamw":  # in backward only (else DeepSpeed's, from the config)
-        # fused: one kernel per parameter on the GPU and on the CPU (no temporaries of its size)
-        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=weight_decay, fused=True)
-    if spec.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9, weight_decay=weight_decay)
-    if spec.optimizer == "adafactor":
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False, warmup_init=False)
-    import bitsandbytes as bnb
-
-    cls = {
-        "adamw-8bit": bnb.optim.AdamW8bit,
-        # paged: states in CUDA unified memory (bitsandbytes falls back to ordinary states on a CPU)
-        "paged-adamw-8bit": bnb.optim.PagedAdamW8bit,
-        "paged-adamw": bnb.optim.PagedAdamW32bit,
-    }[spec.optimizer]
-    return cls(params, lr=lr, weight_decay=weight_decay)
 
 
 def _rng_state() -> dict:
@@ -264,7 +225,7 @@ def train(run_dir: Path) -> int:
         from launcher.models.hf_config import arch_from_hf_config
 
         hidden = arch_from_hf_config(run.model.hf_config, "model").hidden
-        return _client_optimizer(spec, trained, cfg.lr, cfg.weight_decay, hidden)
+        return optimizers.client_optimizer(spec, trained, cfg.lr, cfg.weight_decay, hidden)
 
     trainer = engines.build(model, params, spec, ds_config, optimizer_for, schedule, rank, world, blocks)
     engine = trainer.ds
