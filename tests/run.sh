@@ -29,16 +29,16 @@ echo "== ruff"
 ruff check launcher tests bench
 echo "== DeepSpeed's CPU ops (JIT-built once here, not inside a test's timeout)"
 python tests/build_ops.py
-# The fast tests are mostly one in-process core each: two pytest-xdist workers (~7 instead of
-# ~9 minutes). The slow and cluster tests run one at a time: each starts several ranks that keep
-# both cores busy, and the Slurm and Ray clusters are started once per session.
+# The fast tests, and the slow ones marked one_core (the fake-tensor traces), are one core each:
+# two pytest-xdist workers. The other slow and cluster tests run one at a time: each starts several
+# ranks that keep both cores busy, and the Slurm and Ray clusters are started once per session.
 if [ $# -gt 0 ]; then  # arguments choose the tests: one run with them
   echo "== pytest $*"
   exec python -m pytest -q --durations=25 "$@"
 fi
 rc=0  # both parts run, whatever the first one gives
-echo "== pytest: fast tests (2 workers)"
-python -m pytest -q -n 2 -m "not slow and not cluster" || rc=$?
+echo "== pytest: fast and one-core tests (2 workers)"
+python -m pytest -q -n 2 -m "not cluster and (not slow or one_core)" || rc=$?
 echo "== pytest: slow and cluster tests"
-python -m pytest -q --durations=0 --durations-min=5 -m "slow or cluster" || rc=$?
+python -m pytest -q --durations=0 --durations-min=5 -m "(slow or cluster) and not one_core" || rc=$?
 exit "$rc"

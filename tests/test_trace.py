@@ -142,6 +142,7 @@ CASES = [
 
 
 @pytest.mark.slow
+@pytest.mark.one_core  # a subprocess with OMP_NUM_THREADS=1
 @pytest.mark.parametrize(
     "model,gpus,kw", CASES, ids=[f"{m}-{'-'.join(map(str, k.values()))}" for m, _, k in CASES]
 )
@@ -158,6 +159,7 @@ def test_analytic_is_within_5_percent_of_the_trace(model, gpus, kw):
 
 
 @pytest.mark.slow
+@pytest.mark.one_core  # a subprocess with OMP_NUM_THREADS=1
 def test_a_full_size_3b_model_traces_in_a_few_minutes():
     arch = resolve_model("llama-3.2-3b")
     spec = TrainSpec(precision="bf16-pure", micro_batch=2, seq_len=4096)
