@@ -178,3 +178,17 @@ def test_packing_raises_the_real_tokens_of_a_step_on_the_demo_set(tok):
         per_step[name] = sum(batches.get(step, 0, 0)[1] for step in range(10)) / 10
     # 202 samples of ~46 tokens in 39 rows: about five samples' tokens where one was
     assert info["rows"] == 39 and per_step["packed"] > 4 * per_step["plain"], per_step
+
+
+def test_the_chunked_loss_of_a_packed_row_is_the_unpacked_loss(tok):
+    import torch
+
+    from launcher.train import chunked_loss
+
+    ex = examples(tok)
+    plain, _ = Batches(ex, len(LENGTHS), 1, 1, 0, tok.pad_token_id).get(0, 0, 0)
+    one, _ = Batches(packed(ex, 128)[0], 1, 1, 1, 0, tok.pad_token_id).get(0, 0, 0)
+    model = _model("llama", FAMILY["llama"], "sdpa", tok.vocab_size)
+    whole = _loss_and_grads(model, plain)[0]
+    chunked_loss.enable(model, chunk_tokens=16)  # several chunks, packed position ids passed through
+    assert torch.allclose(_loss_and_grads(model, one)[0], whole, rtol=0, atol=2e-6)
