@@ -17,7 +17,7 @@ from pathlib import Path
 
 from launcher.errors import FtlaunchError
 from launcher.rundir import read_run_dir
-from launcher.spec import TrainSpec
+from launcher.spec import TrainSpec, uses_autotp
 
 
 class PreflightError(FtlaunchError):
@@ -110,11 +110,12 @@ def config_mismatch(spec: TrainSpec, dp: int, ds: dict) -> str | None:
     checks = (
         ("train_micro_batch_size_per_gpu", ds.get("train_micro_batch_size_per_gpu"), spec.micro_batch),
         ("gradient_accumulation_steps", ds.get("gradient_accumulation_steps"), spec.grad_accum),
-        ("train_batch_size", ds.get("train_batch_size"), spec.micro_batch * spec.grad_accum * dp * spec.tp),
+        ("train_batch_size", ds.get("train_batch_size"),
+         spec.micro_batch * spec.grad_accum * dp * (spec.tp if uses_autotp(spec) else 1)),
         ("zero_optimization.stage", zero.get("stage", 0), spec.zero_stage),
         ("zero_optimization.offload_optimizer", device("offload_optimizer"), spec.offload_optimizer),
         ("zero_optimization.offload_param", device("offload_param"), spec.offload_params),
-        ("tensor_parallel.autotp_size", tp, spec.tp),
+        ("tensor_parallel.autotp_size", tp, spec.tp if uses_autotp(spec) else 1),
         ("bf16.enabled", enabled["bf16"], spec.precision in ("bf16", "bf16-pure")),
         ("fp16.enabled", enabled["fp16"], spec.precision == "fp16"),
     )

@@ -182,15 +182,25 @@ class TrainSpec:
         return [f.name for f in fields(cls)]
 
 
-def autotp_conflict(spec: TrainSpec) -> str | None:
-    """Why DeepSpeed AutoTP cannot train this configuration, or None when it can (or tp is 1).
+def tensor_parallel_conflict(spec: TrainSpec) -> str | None:
+    """Why the worker cannot train this configuration with tensor parallelism, or None when it
+    can (or tp is 1). At pp 1 the worker's TP is DeepSpeed AutoTP; inside pipeline stages it is
+    ftlaunch's own Megatron-style layers (launcher/parallel/tensor.py; the model's family, heads
+    and vocabulary: parallel/split.py tensor_parallel_refusal).
 
-    Measured with the worker on DeepSpeed 0.19 (2 CPU ranks, gloo): full fine-tuning trains; LoRA
-    fails in deepspeed.initialize, because AutoTP also replaces the adapters' own nn.Linear layers
-    (lora_A / lora_B, matched by their parent's name) and the optimizer's parameters are no longer
-    the model's; a split lora_A would not meet its lora_B either.
+    Measured with the worker on DeepSpeed 0.19 (2 CPU ranks, gloo): AutoTP full fine-tuning trains;
+    LoRA fails in deepspeed.initialize, because AutoTP also replaces the adapters' own nn.Linear
+    layers (lora_A / lora_B, matched by their parent's name) and the optimizer's parameters are no
+    longer the model's; a split lora_A would not meet its lora_B either.
     """
     if spec.tp == 1:
+        return None
+    if spec.pp > 1:
+        if spec.method != "full":
+            return (
+                "the tensor-parallel layers inside pipeline stages split the base model's linears, and LoRA "
+                "adapters over split linears are not built (each adapter would need the same split)"
+            )
         return None
     if spec.method == "qlora":
         return "AutoTP cannot split bitsandbytes' packed 4-bit weights"
@@ -198,9 +208,13 @@ def autotp_conflict(spec: TrainSpec) -> str | None:
         return "AutoTP splits LoRA's own adapter layers too and DeepSpeed cannot train them"
     if spec.zero_stage == 3:
         return "AutoTP training supports ZeRO-0/1/2 only"
-    if spec.pp > 1:
-        return "DeepSpeed does not combine AutoTP with pipeline parallelism in training"
     return None
+
+
+def uses_autotp(spec: TrainSpec) -> bool:
+    """Whether DeepSpeed's AutoTP splits the model (tp > 1 at pp 1); its engine then counts a
+    TP group's ranks in train_batch_size, the pipeline engine counts data-parallel ranks only."""
+    return spec.tp > 1 and spec.pp == 1
 
 
 def deepspeed_conflict(spec: TrainSpec) -> str | None:

@@ -10,7 +10,8 @@ from launcher.errors import InvalidSpecError
 from launcher.memory.estimate import check_parallelism, estimate
 from launcher.models.catalog import resolve_model
 from launcher.models.hf_families import packing_refusal
-from launcher.spec import autotp_conflict
+from launcher.parallel.split import tensor_parallel_refusal
+from launcher.spec import tensor_parallel_conflict
 
 HELP = "memory per GPU, host RAM and NVMe of one configuration (no search)"
 EPILOG = """examples:
@@ -61,11 +62,14 @@ def run(args: argparse.Namespace) -> int:
         return check_parallelism(arch, TrainSpec(tp=tp, pp=pp), cluster.world_size)
 
     spec = options.train_spec(args, dp_of)
-    why = autotp_conflict(spec)
+    why = tensor_parallel_conflict(spec)
     if why is not None:  # as `plan` refuses it: no run could train this configuration
         raise InvalidSpecError(
             f"--tp {spec.tp} with this configuration: {why}; use --tp 1 (ZeRO shards instead)"
         )
+    why = tensor_parallel_refusal(arch.model_type, arch.heads, arch.kv_heads, arch.vocab, spec.tp) if spec.pp > 1 else None
+    if why is not None:
+        raise InvalidSpecError(f"--tp {spec.tp} with --pp {spec.pp}: {arch.name} {why}; use --tp 1 or --pp 1")
     why = packing_refusal(arch.model_type) if spec.packing else None
     if why is not None:
         raise InvalidSpecError(f"--packing: {why}")

@@ -20,8 +20,9 @@ one family; every value written "auto" there is filled here from the plan:
                    without DeepSpeed's bf16 engine (the model is bf16, nothing else is kept).
   optimizer        AdamW as DeepSpeed's (fused on GPU, CPU-Adam when offloaded); 8-bit AdamW,
                    Adafactor and SGD are created by the worker and passed to DeepSpeed.
-  tensor_parallel  {"autotp_size": tp} when tp > 1 (the planner uses AutoTP for full fine-tuning
-                   with ZeRO 0-2: launcher/spec.py autotp_conflict).
+  tensor_parallel  {"autotp_size": tp} when AutoTP splits the model (tp > 1 at pp 1: full
+                   fine-tuning with ZeRO 0-2, launcher/spec.py tensor_parallel_conflict); inside
+                   pipeline stages the worker's own layers split it on the engine's topology.
 ZeRO-3 configs always set stage3_gather_16bit_weights_on_model_save, so the saved final
 weights are the gathered model, not empty placeholders.
 """
@@ -35,7 +36,7 @@ from functools import cache
 from launcher import templates
 from launcher.errors import InvalidSpecError
 from launcher.models.arch import ModelArch
-from launcher.spec import TrainSpec, deepspeed_conflict
+from launcher.spec import TrainSpec, deepspeed_conflict, uses_autotp
 
 DEFAULT_NVME_PATH = "/local_nvme"
 DEFAULT_LR = {"full": 2e-5, "lora": 2e-4, "qlora": 2e-4}
@@ -48,7 +49,7 @@ def _load(name: str) -> dict:
 
 def template_name(spec: TrainSpec) -> str:
     """The reference config a plan starts from."""
-    if spec.tp > 1 and spec.zero_stage < 3:
+    if uses_autotp(spec) and spec.zero_stage < 3:
         return "autotp"
     if spec.zero_stage < 3:
         return f"zero{spec.zero_stage}"
@@ -93,7 +94,7 @@ def ds_config(
     h = arch.hidden
     cfg["train_micro_batch_size_per_gpu"] = spec.micro_batch
     cfg["gradient_accumulation_steps"] = spec.grad_accum
-    cfg["train_batch_size"] = spec.micro_batch * spec.grad_accum * dp * spec.tp
+    cfg["train_batch_size"] = spec.micro_batch * spec.grad_accum * dp * (spec.tp if uses_autotp(spec) else 1)
 
     z = cfg["zero_optimization"]
     z["stage"] = spec.zero_stage
@@ -117,8 +118,13 @@ def ds_config(
         z.pop("offload_param", None)
     if "nvme" not in (spec.offload_optimizer, spec.offload_params):
         cfg.pop("aio", None)
-    if spec.tp > 1:
+    if uses_autotp(spec):
         cfg["tensor_parallel"] = {"autotp_size": spec.tp}
+    if spec.pp > 1 and spec.tp > 1:
+        # each TP rank sends its stage's whole output to the next stage: DeepSpeed's partitioned
+        # sends (1/tp each, all-gathered by the receiving group) lose track of the varying
+        # sequence lengths of the worker's micro-batches (its all-gather meets two lengths)
+        cfg["pipeline"] = {"pipe_partitioned": False, "grad_partitioned": False}
     if spec.hpz > 1:
         z["zero_hpz_partition_size"] = spec.hpz
 

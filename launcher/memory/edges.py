@@ -8,6 +8,7 @@ from launcher.memory.activations import dropout_rate, norm_bytes
 from launcher.memory.constants import LOSS_CHUNK_TOKENS
 from launcher.memory.states import lora_targets
 from launcher.models.arch import ModelArch
+from launcher.parallel.split import vocab_shards
 from launcher.spec import TrainSpec
 
 
@@ -50,8 +51,10 @@ def logits_bytes(arch: ModelArch, spec: TrainSpec) -> float:
     In transformers' ForCausalLMLoss the 16-bit logits are upcast to fp32 and log-softmax keeps
     its fp32 output; in backward the log-softmax output, its incoming gradient and its outgoing
     gradient (fp32 each) are alive together: 12 bytes per logit element, in 16-bit and fp32 alike.
-    tp does not divide it: AutoTP's column-parallel head gathers its logits whole (a tied head,
-    which AutoTP makes vocabulary-parallel, would split them; counted whole, conservatively).
+    At pp 1 tp does not divide it: AutoTP's column-parallel head gathers its logits whole (a tied
+    head, which AutoTP makes vocabulary-parallel, would split them; counted whole, conservatively).
+    Inside pipeline stages the worker's head is vocabulary-parallel and so is its cross-entropy
+    (launcher/parallel/tensor.py): each rank holds vocab / tp logits, with the same bytes each.
 
     --loss chunked (launcher/train/chunked_loss.py) recomputes the logits one chunk of
     LOSS_CHUNK_TOKENS rows at a time in backward: the same 12 bytes per logit of one chunk, plus
@@ -65,7 +68,7 @@ def logits_bytes(arch: ModelArch, spec: TrainSpec) -> float:
     # soft-capped logits (gemma2: cap * tanh(logits / cap)): tanh keeps its output, per logit
     per_logit = 12.0 + (e if arch.hf_config.get("final_logit_softcapping") else 0)
     if not chunked_loss(spec):
-        return per_logit * T * arch.vocab
+        return per_logit * T * arch.vocab / vocab_shards(spec.tp, spec.pp)
     out = per_logit * LOSS_CHUNK_TOKENS * arch.vocab + 2.0 * T * arch.hidden * e
     if spec.method == "full":
         out += arch.vocab * arch.hidden * e

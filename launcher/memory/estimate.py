@@ -30,6 +30,7 @@ from launcher.memory.host import host_and_nvme
 from launcher.memory.memo import ArchMemo
 from launcher.memory.pipeline import engine_buffers
 from launcher.models.arch import ModelArch
+from launcher.parallel.split import vocab_shards
 from launcher.spec import PAGED_OPTIMIZERS, TrainSpec
 
 # Order of the components in every table, chart and JSON object.
@@ -240,12 +241,13 @@ def _head_backward(arch, spec, p, dp, last, window, stored, held_logits, persist
         return {"gradients": persistent}
     e = 4 if spec.precision == "fp32" else 2
     tokens = spec.micro_batch * spec.seq_len
-    elements = (arch.lm_head_params or arch.embed_matrix_params) if spec.method == "full" else 0.0
+    v = vocab_shards(spec.tp, spec.pp)
+    elements = (arch.lm_head_params or arch.embed_matrix_params) / v if spec.method == "full" else 0.0
     grad = elements * S.trained_bytes(spec)
     made = {
         "zero_buffers": window,
         "activations": stored,
-        "logits_loss": tokens * (arch.vocab + arch.hidden) * e + held_logits,
+        "logits_loss": tokens * (arch.vocab / v + arch.hidden) * e + held_logits,
         "gradients": persistent + grad,
     }
     if not arch.lm_head_params:  # tied: the gradient is complete (and reduced) only at the embedding

@@ -34,12 +34,12 @@ def engine_buffers(
     model's saved tensors; (0, 0) at pp 1."""
     if spec.pp < 2:
         return 0.0, 0.0
-    from launcher.parallel.split import STACKS
+    from launcher.parallel.split import STACKS, vocab_shards
 
     e = 4 if spec.precision == "fp32" else 2
     tokens = spec.micro_batch * spec.seq_len
     held = (0 if last else inflight) + (0 if first else 2 * inflight)
     stack = STACKS.get(arch.model_type)
     rotary = 2 * spec.seq_len * arch.head_dim * e * blocks * inflight if stack and stack.shared else 0.0
-    logits = LAST_STAGE_OUTPUT_BUFFERS * tokens * arch.vocab * e if last else 0.0
+    logits = LAST_STAGE_OUTPUT_BUFFERS * tokens * arch.vocab / vocab_shards(spec.tp, spec.pp) * e if last else 0.0
     return held * tokens * arch.hidden * e + rotary, logits

@@ -27,6 +27,7 @@ from launcher.errors import InvalidSpecError
 from launcher.memory import constants as C
 from launcher.memory.memo import ArchMemo
 from launcher.models.arch import Linear, ModelArch
+from launcher.parallel.split import vocab_shards
 from launcher.spec import EDGE_TARGETS, TrainSpec
 
 
@@ -112,7 +113,7 @@ _MEMO = ArchMemo()
 
 def _stage_params(arch: ModelArch, spec: TrainSpec, tp: int, layers: int, first: bool, last: bool):
     # every TrainSpec field _count_stage_params reads is in the key
-    key = (tp, spec.method, spec.lora_r, spec.lora_targets, layers, first, last)
+    key = (tp, spec.pp > 1, spec.method, spec.lora_r, spec.lora_targets, layers, first, last)
     return _MEMO.get(arch, key, lambda: _count_stage_params(arch, spec, tp, layers, first, last))
 
 
@@ -148,16 +149,17 @@ def _count_stage_params(
             ada += 2 * r + arch.vocab + width
     norms = layers * arch.layer_norm_params
     mats = []  # (rows, cols) of the vocabulary matrices this stage holds
+    v = vocab_shards(tp, spec.pp)
     if first:
-        mats.append((arch.vocab, width))
-        largest = max(largest, arch.embed_matrix_params)
+        mats.append((arch.vocab / v, width))
+        largest = max(largest, arch.embed_matrix_params / v)
     if last and arch.lm_head_params:
         # DeepSpeed's AutoTP training splits an untied LM head by its output rows (column-parallel,
         # the logits gathered whole; measured on 2 CPU ranks). A tied head is counted whole: AutoTP
         # makes it and the embedding vocabulary-parallel only for the families it recognises.
         mats.append((arch.lm_head_params / width / tp, width))
     elif last and not first:
-        mats.append((arch.vocab, width))  # tied head held again by the last pipeline stage
+        mats.append((arch.vocab / v, width))  # tied head held again by the last pipeline stage
     mat_params = sum(r * c for r, c in mats)
     edge = mat_params + (arch.embedding_params - arch.embed_matrix_params if first else 0.0)
     edge += arch.final_norm_params if last else 0.0

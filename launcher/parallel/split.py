@@ -47,6 +47,8 @@ STACKS = {
                  last=("project_out",), shared=()),
 }  # fmt: skip
 PIPELINE_FAMILIES = tuple(STACKS)
+# The families whose blocks launcher/parallel/tensor.py splits over a TP group inside pipeline stages
+TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "bloom")
 # Families whose checkpoints name every tensor as the model does and whose modules hold no buffer
 # a checkpoint leaves out, so a pipeline rank reads only its stage's tensors
 # (launcher/train/weights.py); the others (Mixtral's per-expert tensors, which transformers fuses
@@ -114,4 +116,27 @@ def pipeline_refusal(model_type: str, name: str, alibi: bool = False) -> str | N
             f"{name} is a Falcon with ALiBi, which the worker's Falcon stages do not build (they build "
             "rotary Falcons: falcon-7b, -40b, -180b); plan without --pp"
         )
+    return None
+
+
+def vocab_shards(tp: int, pp: int) -> int:
+    """Over how many ranks the embedding, the LM head and the logits are split by vocabulary: the
+    worker's TP layers inside pipeline stages split them over the TP group; at pp 1 AutoTP keeps
+    the embedding and the logits whole (1)."""
+    return tp if pp > 1 else 1
+
+
+def tensor_parallel_refusal(model_type: str, heads: int, kv_heads: int, vocab: int, tp: int) -> str | None:
+    """Why the worker cannot split this model over `tp` ranks inside pipeline stages (None if it
+    can): the family's layers, and heads, KV heads and vocabulary dividing evenly."""
+    if tp == 1:
+        return None
+    if model_type not in TP_FAMILIES:
+        return (
+            f"{model_type} has no tensor-parallel layers inside pipeline stages yet (families: "
+            f"{', '.join(TP_FAMILIES)})"
+        )
+    for what, n in (("attention heads", heads), ("KV heads", kv_heads), ("vocabulary size", vocab)):
+        if n % tp:
+            return f"its {n} {what} do not divide by tp {tp}"
     return None

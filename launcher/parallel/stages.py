@@ -51,16 +51,24 @@ class _Part(nn.Module):
 
 
 class Embed(nn.Module):
+    """The token embedding; `vocab` (launcher/parallel/tensor.py) when it is split by vocabulary
+    over a TP group."""
+
     def __init__(self, embedding: nn.Module) -> None:
         super().__init__()
         self.embedding = embedding
+        self.vocab = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.vocab is not None:
+            return self.vocab.lookup(self.embedding, input_ids)
         return self.embedding(input_ids)
 
 
 def tied_head(embed: Embed, hidden: torch.Tensor) -> torch.Tensor:
     """The LM head of a tied model on the last stage: the embedding matrix as a bias-free linear."""
+    if embed.vocab is not None:
+        return embed.vocab.logits(embed.embedding.weight, hidden)
     return nn.functional.linear(hidden, embed.embedding.weight)
 
 
@@ -91,6 +99,7 @@ class Block(_Part):
         super().__init__(lm)
         self.layer = layer
         self.sliding = _sliding(lm.config, index)
+        self.heads = slice(None)  # the attention heads this rank computes (a TP group's share)
         # rotary Falcons: transformers < 5.25 asks for the (absent) ALiBi bias by name
         self.no_alibi = {"alibi": None} if "alibi" in inspect.signature(layer.forward).parameters else {}
 
@@ -106,7 +115,7 @@ class Block(_Part):
         kind, base = self.config.model_type, self.base
         positions = _positions(hidden)
         if kind == "bloom":
-            out = self.layer(hidden, alibi=_bloom_alibi(base.num_heads, hidden), attention_mask=self._mask(hidden, None))
+            out = self.layer(hidden, alibi=_bloom_alibi(base.num_heads, hidden, self.heads), attention_mask=self._mask(hidden, None))
         elif kind in ("gpt2", "opt"):
             out = self.layer(hidden, attention_mask=self._mask(hidden, positions), position_ids=positions)
         else:
@@ -121,12 +130,13 @@ class Block(_Part):
         return out[0] if isinstance(out, tuple) else out
 
 
-def _bloom_alibi(heads: int, hidden: torch.Tensor) -> torch.Tensor:
-    """BLOOM's ALiBi bias without padding, as BloomModel builds it when given no attention mask."""
+def _bloom_alibi(heads: int, hidden: torch.Tensor, mine: slice) -> torch.Tensor:
+    """BLOOM's ALiBi bias without padding, as BloomModel builds it when given no attention mask,
+    for the heads `mine` of `heads`."""
     from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 
     batch, seq = hidden.shape[:2]
-    slopes = _get_alibi_slopes(heads, hidden.device)
+    slopes = _get_alibi_slopes(heads, hidden.device)[mine]
     alibi = slopes[:, None, None] * torch.arange(seq, device=hidden.device)
     return alibi.repeat(batch, 1, 1).to(hidden.dtype)
 
@@ -142,8 +152,11 @@ class Head(nn.Module):
     def __init__(self, lm_head: nn.Module) -> None:
         super().__init__()
         self.lm_head = lm_head
+        self.vocab = None  # as Embed's
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.vocab is not None:
+            return self.vocab.logits(self.lm_head.weight, hidden)
         return self.lm_head(hidden)
 
 
@@ -221,14 +234,19 @@ def boundaries(blocks: list[int]) -> list[int]:
     return parts
 
 
-def pipeline_module(model, blocks: list[int]):
+def pipeline_module(model, blocks: list[int], tp: int = 1):
     """The model as a deepspeed.pipe.PipelineModule of len(blocks) stages (this rank builds only
-    its own stage's layers into it; the rest stay in `model`, on the meta device)."""
+    its own stage's layers into it; the rest stay in `model`, on the meta device). With tp > 1 the
+    topology is pipe x data x model (a TP group is `tp` consecutive ranks) and this rank's layers
+    are cut to its TP shard (launcher/parallel/tensor.py)."""
+    import torch.distributed as dist
     from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     layers = stage_layers(model)
     parts = boundaries(blocks)
     pp = len(blocks)
+    topology = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dist.get_world_size() // (pp * tp))
 
     class Split(PipelineModule):
         def _partition_layers(self, method="uniform"):
@@ -236,5 +254,27 @@ def pipeline_module(model, blocks: list[int]):
             stage = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=parts[stage], stop=parts[stage + 1])
 
-    return Split(layers, num_stages=pp, loss_fn=causal_lm_loss, partition_method="uniform", dynamic_shape=True)
+    module = Split(layers, topology=topology, loss_fn=causal_lm_loss, partition_method="uniform", dynamic_shape=True)
+    if tp > 1:
+        _split_tensor_parallel(module, causal_lm(model).config)
+    return module
+
+
+def _split_tensor_parallel(module, config) -> None:
+    """Cut this rank's blocks, embedding and LM head to its TP shard; the loss becomes the
+    vocabulary-parallel cross-entropy."""
+    from launcher.parallel import tensor
+
+    grid = module.mpu()
+    tp = tensor.Group(grid.get_slice_parallel_rank(), grid.get_slice_parallel_world_size(),
+                      grid.get_slice_parallel_group())
+    for layer in list(module.modules()):
+        if isinstance(layer, Block):
+            tensor.shard_block(layer.layer, config.model_type, tp)
+            layer.heads = tp.part(config.num_attention_heads)
+        elif isinstance(layer, Embed):
+            layer.vocab = tensor.shard_embedding(layer.embedding, tp)
+        elif isinstance(layer, Head):
+            layer.vocab = tensor.shard_head(layer.lm_head, tp)
+    module.loss_fn = tensor.vocab_parallel_loss(tp, IGNORE)
 

@@ -4,10 +4,13 @@ Dimensions (a dimension the user pinned takes only the pinned value):
   sharding      ZeRO stage 0-3 with optimizer offload none/cpu/nvme (offload needs stage >= 1,
                 NVMe needs stage 3) and parameter offload none/cpu/nvme (stage 3 only): 14 choices
   tp            divisors of the GPUs per node that divide the attention heads AND the KV heads
-                (tensor parallelism stays inside a node). TP > 1 is DeepSpeed AutoTP, whose
-                training support is ZeRO-0/1/2 without pipeline parallelism (deepspeed.ai
-                tutorials/autotp-training; deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights,
-                so not with ZeRO-3, PP > 1, LoRA or QLoRA (launcher/spec.py: autotp_conflict).
+                (tensor parallelism stays inside a node). At pp 1, TP > 1 is DeepSpeed AutoTP, whose
+                training support is ZeRO-0/1/2 (deepspeed.ai tutorials/autotp-training;
+                deepspeedai/DeepSpeed#7147) on torch.nn.Linear weights, so not with ZeRO-3, LoRA or
+                QLoRA; inside pipeline stages it is the worker's Megatron-style layers (3D: TP x PP
+                x DP, ZeRO-1, full fine-tuning, the families of parallel/split.py TP_FAMILIES with
+                heads, KV heads and vocabulary divisible by tp; launcher/spec.py
+                tensor_parallel_conflict).
   hpz           ZeRO++ hierarchical partitioning for ZeRO-3 with the parameters on the GPU, on
                 clusters of more than one node: off (1) or a secondary shard over the node's GPUs
                 (the backward gathers inside the node; weights / GPUs-per-node more per GPU)
@@ -41,7 +44,7 @@ from launcher.memory.activations import selective_is_full
 from launcher.memory.constants import LOSS_CHUNK_TOKENS
 from launcher.memory.estimate import check_parallelism
 from launcher.models.hf_families import packing_refusal
-from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal
+from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal, tensor_parallel_refusal
 from launcher.planner.constants import MICRO_BATCHES
 from launcher.planner.plans import Request
 from launcher.spec import (
@@ -49,9 +52,9 @@ from launcher.spec import (
     LOSSES,
     OPTIMIZER_STEPS,
     TrainSpec,
-    autotp_conflict,
     deepspeed_conflict,
     in_backward_conflict,
+    tensor_parallel_conflict,
 )
 
 # (zero_stage, offload_optimizer, offload_params), fewest moving parts first: the order breaks
@@ -151,13 +154,25 @@ def pp_degrees(request: Request, tp: int) -> list[int]:
         why = pipeline_refusal(arch.model_type, arch.name, arch.hf_config.get("alibi", False)) if pinned > 1 else None
         if why is not None:
             raise InvalidSpecError(f"--pp {pinned}: {why}")
+        why = _stage_tp_refusal(arch, tp) if pinned > 1 else None
+        if why is not None:
+            if "tp" in request.pinned:
+                raise InvalidSpecError(f"--tp {tp} with --pp {pinned}: {arch.name} {why}; use --tp 1 or --pp 1")
+            return []  # other TP degrees may split it
         return [pinned]
     # Unpinned: every degree that divides the GPUs left by TP, up to a block per stage, for
     # a model the worker can pipeline (the others stay at pp 1 without a word: ZeRO shards them)
     arch = request.arch
     if pipeline_refusal(arch.model_type, arch.name, arch.hf_config.get("alibi", False)) is not None:
         return [1]
+    if _stage_tp_refusal(arch, tp) is not None:
+        return [1]
     return [p for p in range(1, min(layers, rest) + 1) if rest % p == 0]
+
+
+def _stage_tp_refusal(arch, tp: int) -> str | None:
+    """Why the worker's tensor-parallel layers cannot split this model's stages over `tp` ranks."""
+    return tensor_parallel_refusal(arch.model_type, arch.heads, arch.kv_heads, arch.vocab, tp)
 
 
 def _pinned_spec(request: Request, base: TrainSpec) -> None:
@@ -185,7 +200,7 @@ def _pinned_spec(request: Request, base: TrainSpec) -> None:
         raise InvalidSpecError(
             f"{given} cannot be combined (ZeRO-{pins['zero_stage']} needed): {err}"
         ) from None
-    why = autotp_conflict(spec)
+    why = tensor_parallel_conflict(spec)
     if why is not None:
         raise InvalidSpecError(
             f"--tp {pins['tp']} with this configuration: {why}; drop --tp or change the rest"
@@ -263,7 +278,7 @@ def groups(request: Request, base: TrainSpec) -> Iterator[Group]:
                             )
                         except InvalidSpecError:
                             continue  # e.g. an 8-bit optimizer cannot be offloaded
-                        if members and autotp_conflict(spec) is None and deepspeed_conflict(spec) is None:
+                        if members and tensor_parallel_conflict(spec) is None and deepspeed_conflict(spec) is None:
                             yield Group(spec, dp, members)
 
 

@@ -4,8 +4,10 @@ preemption, logging -- and never asks which engine it drives.
 
 - DataParallel: DeepSpeed's engine for ZeRO-0..3 and AutoTP (pp 1), one micro-batch at a time.
 - Pipeline: DeepSpeed's pipeline engine (1F1B over `grad_accum` micro-batches per step) on the
-  stages of launcher/parallel/stages.py, ZeRO-0/1. Ranks are laid out pipe-major (stage s holds
-  ranks s*dp .. s*dp+dp-1), so a stage's data-parallel group is consecutive ranks, on one node.
+  stages of launcher/parallel/stages.py, ZeRO-0/1, with tensor-parallel layers inside the stages
+  when tp > 1 (launcher/parallel/tensor.py). Ranks are laid out pipe, data, model (rank =
+  (stage * dp + dp_rank) * tp + tp_rank): a TP group is consecutive ranks, inside a node, and a
+  stage's ranks are consecutive too.
 """
 
 from __future__ import annotations
@@ -85,9 +87,9 @@ class Pipeline:
 
         from launcher.parallel.stages import pipeline_module
 
-        module = pipeline_module(model, blocks)
+        module = pipeline_module(model, blocks, spec.tp)
         local = {id(p) for p in module.parameters()}
-        params = [p for p in params if id(p) in local]  # this stage's trainable parameters
+        params = [p for p in model.parameters() if p.requires_grad and id(p) in local]  # this shard's
         self.ds, _, _, _ = deepspeed.initialize(
             model=module,
             model_parameters=params,
@@ -96,8 +98,9 @@ class Pipeline:
             lr_scheduler=schedule,
         )
         self.model, self.spec = model, spec
-        self.dp = world // spec.pp
-        self.dp_rank = rank % self.dp
+        self.dp = world // (spec.pp * spec.tp)
+        self.dp_rank = rank // spec.tp % self.dp
+        self.tp_rank = rank % spec.tp
         # this stage's parameters by their Hugging Face names (the model's own modules)
         self.local = [(n, p) for n, p in model.named_parameters() if id(p) in local]
 
@@ -120,7 +123,7 @@ class Pipeline:
             if count and self.ds.is_last_stage():
                 total += torch.tensor([float(out[0]) * count, count], dtype=torch.float64)
         self.ds.train()
-        return _mean(total, self.ds.device, replicas=1)
+        return _mean(total, self.ds.device, replicas=self.spec.tp)  # a TP group's ranks hold the same loss
 
     def evaluate(self, batches) -> float:
         """Loss on the fixed batch the data-parallel engine evaluates (step 0, micro-batch 0,
@@ -158,12 +161,13 @@ class Pipeline:
                 # a tied head's matrix is the first stage's embedding, written once (by that stage)
                 again = lm.get_input_embeddings().weight if stage > 0 else None
                 tensors = {
-                    n: t.detach().to("cpu").contiguous()
+                    n: self._whole(t).detach().to("cpu").contiguous()
                     for n, t in lm.state_dict(keep_vars=True).items()
                     if not t.is_meta and t is not again
                 }
-                save_file(tensors, str(out / shard), metadata={"format": "pt"})
-                sizes = {n: (shard, t.numel() * t.element_size()) for n, t in tensors.items()}
+                if self.tp_rank == 0:
+                    save_file(tensors, str(out / shard), metadata={"format": "pt"})
+                    sizes = {n: (shard, t.numel() * t.element_size()) for n, t in tensors.items()}
             torch.distributed.gather_object(sizes, gathered, dst=0)
             if rank == 0:
                 import json
@@ -194,10 +198,23 @@ class Pipeline:
         for name, p in self.local:
             h.update(name.encode())
             h.update(p.detach().float().cpu().numpy().tobytes())
-        stages = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(stages, h.hexdigest())
-        per_stage = stages[:: self.dp]  # pipe-major ranks: every dp-th rank is the next stage
-        return hashlib.sha256(" ".join(per_stage).encode()).hexdigest()
+        ranks = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(ranks, h.hexdigest())
+        # the shards of data-parallel rank 0, in (stage, TP rank) order
+        shards = [d for r, d in enumerate(ranks) if r // self.spec.tp % self.dp == 0]
+        return hashlib.sha256(" ".join(shards).encode()).hexdigest()
+
+    def _whole(self, t):
+        """A parameter whole again: its TP shards gathered from the group (collective over it)."""
+        import torch
+
+        dim = getattr(t, "tp_dim", None)
+        if dim is None:
+            return t
+        grid = self.ds.module.mpu()
+        parts = [torch.empty_like(t) for _ in range(self.spec.tp)]
+        torch.distributed.all_gather(parts, t.detach().contiguous(), group=grid.get_slice_parallel_group())
+        return torch.cat(parts, dim=dim)
 
 def _mean(total, device, replicas: int) -> tuple[float, int]:
     """(sum / count, count / replicas) of a [loss sum, token count] summed over every rank."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 
 from launcher.errors import FtlaunchError
-from launcher.spec import BNB_OPTIMIZERS, TrainSpec, autotp_conflict
+from launcher.spec import BNB_OPTIMIZERS, TrainSpec, tensor_parallel_conflict
 
 ATTN = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
 
@@ -45,13 +45,21 @@ def check_loadable(spec: TrainSpec, hf_config: dict, source: str, init: str, has
             raise ModelLoadError(f"pp {spec.pp}: {why}")
         if spec.zero_stage != 1:
             raise ModelLoadError(f"pp {spec.pp} with ZeRO-{spec.zero_stage}: {PIPELINE_ZERO0}; plan again with --zero-stage 1")
+        if spec.tp > 1:
+            from launcher.models.hf_config import arch_from_hf_config
+            from launcher.parallel.split import tensor_parallel_refusal
+
+            arch = arch_from_hf_config(hf_config, source)
+            why = tensor_parallel_refusal(arch.model_type, arch.heads, arch.kv_heads, arch.vocab, spec.tp)
+            if why is not None:
+                raise ModelLoadError(f"tp {spec.tp} x pp {spec.pp}: {source} {why}; plan again (tp 1)")
     if spec.packing:
         from launcher.models.hf_families import packing_refusal
 
         why = packing_refusal(hf_config.get("model_type", "?"))
         if why is not None:
             raise ModelLoadError(why)
-    why = autotp_conflict(spec)
+    why = tensor_parallel_conflict(spec)
     if why is not None:
         raise ModelLoadError(f"tp {spec.tp}: {why}; plan again (tp 1)")
     if spec.method == "qlora" or spec.optimizer in BNB_OPTIMIZERS:
