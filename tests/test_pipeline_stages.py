@@ -151,3 +151,15 @@ def test_families_without_an_adapter_and_alibi_falcons_are_refused_with_the_reas
     for name in ("llama-3.2-1b", "llama-3.1-70b", "bloom-176b", "gpt2", "falcon-180b", "opt-66b"):
         arch = resolve_model(name)  # tied heads included (llama-3.2-1b, bloom, gpt2, opt)
         assert pipeline_refusal(arch.model_type, arch.name, bool(arch.hf_config.get("alibi"))) is None, name
+
+
+def test_tensor_parallel_layers_refuse_what_they_cannot_split_with_the_numbers():
+    from launcher.parallel.split import TP_FAMILIES, tensor_parallel_refusal, vocab_shards
+
+    assert tensor_parallel_refusal("llama", 32, 8, 128256, 8) is None
+    assert tensor_parallel_refusal("llama", 32, 8, 128256, 1) is None
+    assert "its 2 KV heads cannot be split evenly over tp 4" in tensor_parallel_refusal("llama", 32, 2, 128256, 4)
+    assert "its 50257 vocabulary rows cannot be split evenly over tp 2" in tensor_parallel_refusal("bloom", 16, 16, 50257, 2)
+    assert "falcon has no tensor-parallel layers" in tensor_parallel_refusal("falcon", 64, 8, 65024, 2)
+    assert set(TP_FAMILIES) <= set(PIPELINE_FAMILIES)
+    assert (vocab_shards(4, 12), vocab_shards(4, 1), vocab_shards(1, 4)) == (4, 1, 1)

@@ -273,6 +273,24 @@ def test_a_pipeline_job_with_one_stage_per_node_completes_with_the_curve_of_one_
     assert_same_curve(curve(run_dir), curve(local))
 
 
+def test_a_3d_job_with_tensor_parallelism_inside_each_node_and_one_stage_per_node_completes(
+    cluster, tmp_path, capsys, cpu
+):
+    # 2 nodes x 2 ranks, tp 2 x pp 2: each node's two ranks split one stage's heads and vocabulary
+    # (their all-reduces stay inside the node), the activations cross between the nodes
+    three_d = [*PIPELINE, "--tp", "2"]
+    run_dir = write_run(tmp_path, "tp-pipe", [*three_d, "--backend", "slurm", "--gpus", "2x2xA100"], capsys)
+    assert ft("launch", str(run_dir), "--detach", "--skip-preflight", capsys=capsys) == 0
+    st = wait_state(run_dir, ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED"))
+    log = slurm.log_path(run_dir, job_id(run_dir)).read_text()
+    assert st["state"] == "COMPLETED", log[-3000:]
+    assert sorted(curve(run_dir)) == list(range(1, 7))
+    assert_pipeline_export(run_dir / "output" / "final", 2)
+    local = write_run(tmp_path, "tp-pipe-local", [*three_d, "--backend", "torchrun", "--gpus", "1x4xA100"], capsys)
+    assert ft("launch", str(local), "--skip-preflight", capsys=capsys) == 0
+    assert_same_curve(curve(run_dir), curve(local))
+
+
 def node_state(node: str) -> str:
     """sinfo's short state of one node: idle, alloc, mix, comp, down*, alloc* (* = not responding)."""
     proc = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], capture_output=True, text=True)

@@ -7,7 +7,7 @@ import json
 
 from launcher import options
 from launcher.errors import InvalidSpecError
-from launcher.memory.estimate import check_parallelism, estimate
+from launcher.memory.estimate import check_parallelism, check_tp_in_node, estimate
 from launcher.models.catalog import resolve_model
 from launcher.models.hf_families import packing_refusal
 from launcher.parallel.split import tensor_parallel_refusal
@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return check_parallelism(arch, TrainSpec(tp=tp, pp=pp), cluster.world_size)
 
     spec = options.train_spec(args, dp_of)
+    check_tp_in_node(spec.tp, cluster.gpus_per_node)
     why = tensor_parallel_conflict(spec)
     if why is not None:  # as `plan` refuses it: no run could train this configuration
         raise InvalidSpecError(

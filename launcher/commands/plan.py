@@ -232,7 +232,8 @@ def _zero(spec) -> str:
     return f"{spec.zero_stage}" + (f" hpZ{spec.hpz}" if spec.hpz > 1 else "")
 
 
-def _plans_table(plans):
+def _plans_table(plans, asked: int | None):
+    """The ranked plans; a plan whose global batch is not the one asked for shows its own."""
     from launcher.render import ckpt_label, gib, secs, table
 
     cols = ("#", "ZeRO", "offload", "TPxPPxDP", "micro x accum", "ckpt", "GPU GiB", "host GiB", "NVMe GiB")
@@ -242,7 +243,7 @@ def _plans_table(plans):
             _zero(p.spec),
             _offload(p.spec),
             f"{p.spec.tp}x{p.spec.pp}x{p.dp}",
-            f"{p.spec.micro_batch} x {p.spec.grad_accum}",
+            f"{p.spec.micro_batch} x {p.spec.grad_accum}" + ("" if asked in (None, p.global_batch) else f" = {p.global_batch:,}"),
             ckpt_label(p.spec),
             gib(p.estimate.gpu_total),
             gib(p.estimate.host_per_node),
@@ -256,12 +257,12 @@ def _plans_table(plans):
     return table((*cols, f"tokens/s ±{SPEED_UNCERTAINTY:.0%}", "step s", "MFU"), rows, left=("offload", "ckpt"))
 
 
-def _print_chosen(out, plan: Plan, cost: dict) -> None:
+def _print_chosen(out, plan: Plan, cost: dict, asked: int | None) -> None:
     from launcher.render import bar, breakdown_table, gib, secs, spec_line, stages_table, table
 
     e, node, perf = plan.estimate, plan.cluster.node, plan.perf
     out.print(f"[bold]chosen:[/] {spec_line(plan.spec, plan.dp)}")
-    for note in e.notes:
+    for note in (*filter(None, [plan.batch_note(asked)]), *e.notes):
         out.print(f"[yellow]note:[/] {note}")
     out.print()
     out.print(breakdown_table(e.components, plan.budget, title=f"per GPU, peak at {e.peak_phase}"))
@@ -322,9 +323,9 @@ def _print_result(result, elapsed, top, scale_out, alternatives, cost, ablation)
     )
     out.print()
     if result.ranked:
-        out.print(_plans_table(result.ranked[:top]))
+        out.print(_plans_table(result.ranked[:top], result.global_batch))
         out.print()
-        _print_chosen(out, result.best, cost)
+        _print_chosen(out, result.best, cost, result.global_batch)
         bullets(out, "why this plan", why(result.ranked))
     else:
         out.print("[bold red]nothing fits[/]")

@@ -124,6 +124,19 @@ def check_parallelism(arch: ModelArch, spec: TrainSpec, world: int) -> int:
     return world // (tp * pp)
 
 
+def check_tp_in_node(tp: int, gpus_per_node: int) -> None:
+    """Tensor parallelism stays inside a node (its all-reduces run twice per block, forward and
+    backward, over NVLink): tp must divide the node's GPUs."""
+    if tp > gpus_per_node:
+        raise InvalidSpecError(
+            f"--tp {tp} is more than the {gpus_per_node} GPUs of a node; tensor parallelism stays inside a node"
+        )
+    if gpus_per_node % tp:
+        raise InvalidSpecError(
+            f"--tp {tp} does not divide the {gpus_per_node} GPUs of a node; use a divisor of {gpus_per_node}"
+        )
+
+
 _SPLITS = ArchMemo()
 
 

@@ -136,7 +136,7 @@ def tensor_parallel_refusal(model_type: str, heads: int, kv_heads: int, vocab: i
             f"{model_type} has no tensor-parallel layers inside pipeline stages yet (families: "
             f"{', '.join(TP_FAMILIES)})"
         )
-    for what, n in (("attention heads", heads), ("KV heads", kv_heads), ("vocabulary size", vocab)):
+    for what, n in (("attention heads", heads), ("KV heads", kv_heads), ("vocabulary rows", vocab)):
         if n % tp:
-            return f"its {n} {what} do not divide by tp {tp}"
+            return f"its {n} {what} cannot be split evenly over tp {tp}"
     return None

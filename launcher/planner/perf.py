@@ -69,6 +69,7 @@ from launcher.memory.activations import masked_sdpa, selective_matmuls, unfused_
 from launcher.memory.edges import chunked_loss
 from launcher.memory.estimate import estimate, stage_split
 from launcher.models.arch import ModelArch
+from launcher.parallel.split import vocab_shards
 from launcher.planner import constants as C
 from launcher.spec import PAGED_OPTIMIZERS, TrainSpec
 
@@ -286,8 +287,10 @@ def performance(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec, dp: int)
     if tp > 1:
         n = 4 + (2 if spec.grad_ckpt == "full" else 0)
         tp_comm = layers * n * 2 * (tp - 1) / tp * tokens * arch.hidden * e / intra
-        if with_head:  # the split head: its logits gathered whole, its input's gradient all-reduced
-            tp_comm += (tp - 1) / tp * tokens * (arch.vocab + 2 * arch.hidden) * e / intra
+        if with_head:  # the split head: its input's gradient all-reduced, and at pp 1 (AutoTP) its
+            # logits gathered whole; the vocabulary-parallel loss inside pipeline stages keeps them split
+            gathered = arch.vocab if vocab_shards(tp, pp) == 1 else 0
+            tp_comm += (tp - 1) / tp * tokens * (gathered + 2 * arch.hidden) * e / intra
 
     pp_comm = 0.0
     if pp > 1:

@@ -129,6 +129,7 @@ class Plan:
     estimate: Estimate
     perf: Perf
     budget: float  # bytes per GPU allowed (GPU memory less the margin)
+    batch_exact: bool = True  # False: the nearest global batch its layout splits, not the one asked for
 
     @property
     def family(self) -> str:
@@ -141,6 +142,16 @@ class Plan:
     @property
     def tokens_per_step(self) -> int:
         return self.global_batch * self.spec.seq_len
+
+    def batch_note(self, asked: int | None) -> str | None:
+        """Why this plan's global batch is not the one asked for (None when it is)."""
+        if asked is None or asked == self.global_batch:
+            return None
+        return (
+            f"the global batch {asked:,} does not split over {self.dp} data-parallel ranks "
+            f"(micro-batch x {self.dp} x accumulation): this plan runs {self.global_batch:,}, the nearest it can; "
+            f"pin --global-batch {self.global_batch} to take it, or choose a layout that splits {asked:,}"
+        )
 
     def summary(self) -> str:
         """One line: sharding, layout, batch, recompute and speed."""
@@ -280,7 +291,7 @@ class PlanResult:
             },
             "search": {"candidates": self.candidates, "evaluated": self.evaluated, "pruned": self.pruned},
             "fits": bool(self.ranked),
-            "plans": [p.to_dict() for p in self.ranked],
+            "plans": [{**p.to_dict(), "global_batch_note": p.batch_note(self.global_batch)} for p in self.ranked],
             "rejected": [x.to_dict() for x in self.rejected],
             "suggestions": [s.to_dict() for s in self.suggestions],
             "notes": list(self.notes),

@@ -56,7 +56,9 @@ def order_key(spec: TrainSpec, perf: Perf) -> tuple:
 
 
 def rank_key(plan: Plan) -> tuple:
-    return order_key(plan.spec, plan.perf)
+    # a plan that runs the global batch asked for ranks above every plan that runs the nearest one
+    # its layout splits (space._batches): that changes the training, not only its speed
+    return (not plan.batch_exact, *order_key(plan.spec, plan.perf))
 
 
 def _families(spec: TrainSpec) -> tuple[str, ...]:
@@ -89,6 +91,7 @@ class _Search:
         self.host_cap = node.cpu_memory_gib * GIB
         self.nvme_cap = node.nvme_gib * GIB
         self.groups = list(space.groups(request, self.base))
+        self.asked = request.resolved_global_batch()
         self.candidates = sum(len(g.batches) for g in self.groups)
         if self.candidates == 0:
             raise space.unreachable_batch_error(request)
@@ -96,6 +99,10 @@ class _Search:
         self.visited = 0  # candidates whose memory was estimated
         self.closest: dict[str, tuple[float, TrainSpec, Estimate]] = {}
         self.near: list[tuple[TrainSpec, Estimate]] = []
+
+    def exact(self, global_batch: int) -> bool:
+        """Whether a plan of this global batch runs the one asked for (or none was)."""
+        return self.asked is None or global_batch == self.asked
 
     def verdict(self, spec: TrainSpec, accum: int) -> tuple[Estimate | None, int | None]:
         """(the estimate if it fits, else None; the micro-batch index from which the group is
@@ -171,7 +178,7 @@ def plan(request: Request, *, mode: str = "all") -> PlanResult:
             if est is not None:
                 simpler_fits.add(spec)
                 perf = performance(arch, spec, cluster, group.dp)
-                plans.append(Plan(arch, cluster, spec, group.dp, gb, est, perf, budget))
+                plans.append(Plan(arch, cluster, spec, group.dp, gb, est, perf, budget, s.exact(gb)))
                 if mode == "first":
                     return s.result(plans, complete=False)
             else:
@@ -208,7 +215,7 @@ def _best(s: _Search) -> PlanResult:
         for i, (micro, accum, gb) in enumerate(group.batches):
             spec = group.spec.with_(micro_batch=micro, grad_accum=accum)
             perf = performance(arch, spec, cluster, group.dp)
-            ordered.append((order_key(spec, perf), g, i, spec, perf, gb))
+            ordered.append(((not s.exact(gb), *order_key(spec, perf)), g, i, spec, perf, gb))
     ordered.sort(key=lambda c: c[0])
     over: dict[int, int] = {}  # group -> the micro-batch index from which it is provably over
     for _, g, i, spec, perf, gb in ordered:
@@ -216,7 +223,7 @@ def _best(s: _Search) -> PlanResult:
             continue
         est, over_from = s.verdict(spec, spec.grad_accum)
         if est is not None:  # the first feasible in rank order: everything after ranks lower
-            best = Plan(arch, cluster, spec, s.groups[g].dp, gb, est, perf, budget)
+            best = Plan(arch, cluster, spec, s.groups[g].dp, gb, est, perf, budget, s.exact(gb))
             return s.result([best], complete=False)
         if over_from is not None:
             start = 0 if over_from == 0 else i + 1

@@ -26,7 +26,9 @@ Dimensions (a dimension the user pinned takes only the pinned value):
                 allows it (full fine-tuning, ZeRO-0, tp 1, pp 1, fp32 / bf16-pure: spec.py
                 in_backward_conflict) and only for the micro-batches that need no accumulation
   micro_batch   MICRO_BATCHES, with the accumulation that reaches the global batch exactly
-                (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate
+                (dp = world / (tp x pp)); a (micro-batch, dp) that cannot reach it is not a candidate,
+                unless no micro-batch can at this dp: then those that reach the nearest global batch
+                this dp splits (noted on the plan; with --grad-accum pinned, none)
 
 A `Group` is the candidates that differ only in micro-batch (and so accumulation): the search
 walks a group from the smallest micro-batch up and stops where a lower bound proves the rest
@@ -42,7 +44,7 @@ from launcher.errors import InvalidSpecError
 from launcher.memory import states as S
 from launcher.memory.activations import selective_is_full
 from launcher.memory.constants import LOSS_CHUNK_TOKENS
-from launcher.memory.estimate import check_parallelism
+from launcher.memory.estimate import check_parallelism, check_tp_in_node
 from launcher.models.hf_families import packing_refusal
 from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal, tensor_parallel_refusal
 from launcher.planner.constants import MICRO_BATCHES
@@ -110,14 +112,7 @@ def tp_degrees(request: Request) -> list[int]:
     arch, g = request.arch, request.cluster.gpus_per_node
     pinned = request.pinned.get("tp")
     if pinned is not None:
-        if pinned > g:
-            raise InvalidSpecError(
-                f"--tp {pinned} is more than the {g} GPUs of a node; tensor parallelism stays inside a node"
-            )
-        if g % pinned:
-            raise InvalidSpecError(
-                f"--tp {pinned} does not divide the {g} GPUs of a node; use a divisor of {g}"
-            )
+        check_tp_in_node(pinned, g)
         check_parallelism(arch, TrainSpec(tp=pinned), request.cluster.world_size)
         return [pinned]
     if arch.experts > 1:
@@ -227,7 +222,14 @@ def _batches(request: Request, dp: int) -> tuple[tuple[int, int, int], ...]:
             accum = gb // (micro * dp)
             if accum_pin is None or accum == accum_pin:
                 out.append((micro, accum, gb))
-    return tuple(out)
+    if out or gb is None or accum_pin is not None:
+        return tuple(out)
+    # no micro-batch splits the global batch over this data-parallel degree (e.g. 2048 over the
+    # 384 ranks of ZeRO-3 on 48 nodes): the nearest global batch it can split, which the plan
+    # shows beside the one asked for (Plan.batch_note)
+    reach = [m * dp * max(1, round(gb / (m * dp))) for m in micros]
+    near = min(reach, key=lambda g: (abs(g - gb), g))
+    return tuple((m, near // (m * dp), near) for m in micros if near % (m * dp) == 0)
 
 
 def groups(request: Request, base: TrainSpec) -> Iterator[Group]:

@@ -212,10 +212,13 @@ def train(run_dir: Path) -> int:
         _log(run_dir, rank, {"event": "resized", "from_world": saved["world"], "to_world": world})
     elif saved and (saved["world"], saved["tp"], saved.get("pp", 1)) != (world, spec.tp, spec.pp):
         if spec.pp > 1 or saved.get("pp", 1) > 1:
+            # the pipeline engine saves each (stage, TP rank) as its own layer files, which
+            # DeepSpeed's universal-checkpoint converter does not regroup into other stages
             raise ckpt.CheckpointError(
-                f"{found[1].name} was written by {saved['world']} ranks at pp {saved.get('pp', 1)}; this "
-                f"launch has {world} at pp {spec.pp}, and a pipeline checkpoint resumes only on the layout "
-                "that wrote it; plan again with that GPU count and --pp"
+                f"{found[1].name} was written by {saved['world']} ranks at tp {saved['tp']} x pp "
+                f"{saved.get('pp', 1)}; this launch has {world} at tp {spec.tp} x pp {spec.pp}, and a pipeline "
+                "checkpoint resumes only on the layout that wrote it; plan again with that GPU count, --tp and "
+                "--pp (or start a new run from its exported model)"
             )
         # planned again for another GPU count: resume through DeepSpeed's universal checkpoint
         load_root = ckpt.to_universal(found[1], rank, torch.distributed.barrier)
