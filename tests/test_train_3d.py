@@ -12,6 +12,8 @@ import signal
 
 import pytest
 
+from launcher.memory import states
+from launcher.models.catalog import resolve_model
 from tests.runs import assert_pipeline_export, assert_same_curve, assert_same_weights, events
 from tests.test_train_e2e import reload_loss
 from tests.test_train_faults import curve, started_steps, submit_with_cpu_env, wait_done, wait_for
@@ -40,8 +42,9 @@ def test_tp2_pp2_dp2_trains_the_curve_of_dp2_and_exports_one_model(three_d, tmp_
     got, want = curve(three_d), curve(dp2)
     assert sorted(got) == STEPS and got[12] < got[1] - 0.5
     assert [got[s] for s in STEPS] == pytest.approx([want[s] for s in STEPS], rel=CLOSE)
-    held = [e for e in events(three_d) if e["event"] == "tensor_parallel"]
-    assert held and held[0]["tp"] == 2
+    held = [e for e in events(three_d) if e["event"] == "tensor_parallel"]  # rank 0: stage 0, TP rank 0
+    first = states.stage_params(resolve_model("tiny-llama"), TP2PP2, 1, True, False)
+    assert held and held[0]["tp"] == 2 and held[0]["parameters"] == first.total  # what the memory model counts
     final = three_d / "output" / "final"
     assert_pipeline_export(final, 2)  # one shard per stage, its TP shards gathered whole
     mine = transformers.AutoModelForCausalLM.from_pretrained(str(final), dtype=torch.float32).state_dict()
