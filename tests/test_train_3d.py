@@ -14,7 +14,7 @@ import pytest
 
 from launcher.memory import states
 from launcher.models.catalog import resolve_model
-from tests.runs import assert_pipeline_export, assert_same_curve, assert_same_weights, events
+from tests.runs import assert_pipeline_export, assert_same_curve, assert_same_weights, events, run_torchrun
 from tests.test_train_e2e import reload_loss
 from tests.test_train_faults import curve, started_steps, submit_with_cpu_env, wait_done, wait_for
 from tests.test_train_pipeline import SPEC, STEPS, final_eval, planned, tiny_family, trained
@@ -93,3 +93,9 @@ def test_sigkill_of_a_tensor_parallel_rank_resumes_with_the_same_curve(tmp_path,
     assert sorted(got) == STEPS
     assert_same_curve(got, curve(untouched))  # bitwise: the shards reload exactly
     assert_same_weights(run_dir, untouched)
+    # planned again as tp 1 x pp 2: the (stage, TP rank) layer files do not regroup; one line says so
+    _, argv = planned(tmp_path / "a", "tp2pp2", SPEC, "1x2xA100", replan=True, max_steps=16)
+    proc = run_torchrun(argv)
+    lines = [line for line in proc.stderr.splitlines() if "ftlaunch worker: error:" in line]
+    assert proc.returncode != 0 and lines, proc.stderr[-3000:]
+    assert "tp 2 x pp 2" in lines[0] and "tp 1 x pp 2" in lines[0] and "exported model" in lines[0]
