@@ -7,7 +7,8 @@ import json
 
 from launcher import options
 from launcher.errors import InvalidSpecError
-from launcher.memory.estimate import check_parallelism, check_tp_in_node, estimate
+from launcher.memory.estimate import estimate
+from launcher.memory.layout import check_parallelism, check_tp_in_node
 from launcher.models.catalog import resolve_model
 from launcher.models.hf_families import packing_refusal
 from launcher.parallel.split import tensor_parallel_refusal

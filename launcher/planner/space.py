@@ -44,7 +44,7 @@ from launcher.errors import InvalidSpecError
 from launcher.memory import states as S
 from launcher.memory.activations import selective_is_full
 from launcher.memory.constants import LOSS_CHUNK_TOKENS
-from launcher.memory.estimate import check_parallelism, check_tp_in_node
+from launcher.memory.layout import check_parallelism, check_tp_in_node
 from launcher.models.hf_families import packing_refusal
 from launcher.parallel.split import PIPELINE_ZERO0, pipeline_refusal, tensor_parallel_refusal
 from launcher.planner.constants import MICRO_BATCHES
