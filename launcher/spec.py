@@ -196,10 +196,10 @@ def tensor_parallel_conflict(spec: TrainSpec) -> str | None:
     if spec.tp == 1:
         return None
     if spec.pp > 1:
-        if spec.method != "full":
+        if spec.method == "qlora":
             return (
-                "the tensor-parallel layers inside pipeline stages split the base model's linears, and LoRA "
-                "adapters over split linears are not built (each adapter would need the same split)"
+                "the tensor-parallel layers inside pipeline stages cut the base weights, and bitsandbytes' packed "
+                "4-bit weights cannot be cut"
             )
         return None
     if spec.method == "qlora":

@@ -106,7 +106,7 @@ BAD = [
     (["--nvme", "-1"], ">= 0"),
     (["--tp", "3"], "does not divide"),
     (["--tp", "16"], "tensor parallelism stays inside a node"),
-    (["--gpus", "2x8xA100", "--tp", "2", "--pp", "2", "--method", "lora"], "LoRA adapters over split linears"),
+    (["--gpus", "2x8xA100", "--tp", "2", "--pp", "2", "--method", "qlora"], "4-bit weights cannot be cut"),
     (["--model", "falcon-40b", "--gpus", "2x8xA100", "--tp", "2", "--pp", "2"], "no tensor-parallel layers inside"),
     (["--method", "lora", "--tp", "2"], "LoRA's own adapter layers"),
     (["--zero-stage", "3", "--tp", "2"], "ZeRO-0/1/2 only"),

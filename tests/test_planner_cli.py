@@ -194,7 +194,7 @@ def test_the_optimizer_steps_in_backward_where_that_is_what_fits_and_says_so(cap
         (["--pp", "71"], "--pp 71"),
         (["--zero-stage", "5"], "--zero-stage"),
         (["--tp", "1", "--pp", "1", "--grad-accum", "1", "--global-batch", "12"], "--global-batch 12"),
-        (["--gpus", "2x8xA100", "--tp", "2", "--pp", "2", "--method", "lora"], "LoRA adapters over split linears"),
+        (["--gpus", "2x8xA100", "--tp", "2", "--pp", "2", "--method", "qlora"], "4-bit weights cannot be cut"),
         (["--pp", "2", "--offload-params", "cpu"], "--pp 2"),
         (["--pp", "2", "--zero-stage", "0"], "pipeline plans with ZeRO-1"),
         (["--method", "qlora", "--tp", "2"], "4-bit"),

@@ -220,10 +220,14 @@ def test_tensor_parallel_divides_heads_stays_in_node_and_avoids_autotp_gaps():
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_adapters_are_never_planned_with_autotp(method):
     """AutoTP would split LoRA's own adapter layers (DeepSpeed then fails to build its optimizer,
-    seen with the worker) and cannot split 4-bit weights: adapters train with ZeRO, tp 1."""
+    seen with the worker) and cannot split 4-bit weights: at pp 1 adapters train with ZeRO, tp 1.
+    Inside pipeline stages the worker's own TP layers split LoRA's adapters with their base
+    linears; 4-bit weights cannot be cut there either."""
     request = Request(resolve_model("llama-3.1-70b"), parse_gpus("8xA100"), TrainSpec(method=method))
     ranked = plan(request).ranked
-    assert ranked and {p.spec.tp for p in ranked} == {1}
+    assert ranked and all(p.spec.tp == 1 or p.spec.pp > 1 for p in ranked)
+    if method == "qlora":
+        assert {p.spec.tp for p in ranked} == {1}
 
 
 def test_default_global_batch_is_the_same_for_every_plan():

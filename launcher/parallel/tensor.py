@@ -56,6 +56,21 @@ class _Sum(torch.autograd.Function):
         return grad, None
 
 
+class _Share(torch.autograd.Function):
+    """Identity forward, the gradient divided by the group's size backward: for a computation every
+    rank repeats inside the TP region, whose input gradient the region's entry then sums over the
+    group (it must count once, not once per rank)."""
+
+    @staticmethod
+    def forward(ctx, x, size):
+        ctx.size = size
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / ctx.size, None
+
+
 class Group:
     """This rank's TP group: `rank` of `size`, and the process group."""
 
@@ -71,6 +86,9 @@ class Group:
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         return _Sum.apply(x, self.group)
+
+    def share(self, x: torch.Tensor) -> torch.Tensor:
+        return _Share.apply(x, self.size)
 
 
 def _cut(param: nn.Parameter, dim: int, part: slice) -> nn.Parameter:
@@ -104,8 +122,35 @@ def _column(linear: nn.Linear, tp: Group) -> None:
     linear.out_features = part.stop - part.start
 
 
-def _row(parent: nn.Module, name: str, tp: Group) -> None:
-    setattr(parent, name, RowParallel(getattr(parent, name), tp))
+def _column_parallel(parent: nn.Module, name: str, tp: Group) -> None:
+    """A projection that reads the sub-layer's input, cut along its output. Its LoRA adapters
+    (PEFT wraps the base linear) split the same way: lora_B cut like the base's output rows, lora_A
+    whole (every rank repeats it). lora_A's output enters the TP region on its way into lora_B (each
+    rank's rows give part of its gradient, summed there), and the gradient lora_A sends back to the
+    sub-layer's input, complete on every rank, is shared out (1/tp each) before the sub-layer's own
+    entry sums it over the group."""
+    module = getattr(parent, name)
+    _column(getattr(module, "base_layer", module), tp)
+    for lora_a in getattr(module, "lora_A", {}).values():
+        lora_a.register_forward_pre_hook(lambda _m, args: (tp.share(args[0]), *args[1:]))
+    for lora_b in getattr(module, "lora_B", {}).values():
+        _column(lora_b, tp)
+        lora_b.register_forward_pre_hook(lambda _m, args: (tp.enter(args[0]), *args[1:]))
+
+
+def _row_parallel(parent: nn.Module, name: str, tp: Group) -> None:
+    """A projection that writes the sub-layer's output, cut along its input. Its LoRA adapters:
+    lora_A cut like the base's input columns, its partial products summed over the group before
+    lora_B (whole), so the adapter adds the same full output on every rank."""
+    module = getattr(parent, name)
+    if not hasattr(module, "base_layer"):
+        setattr(parent, name, RowParallel(module, tp))
+        return
+    module.base_layer = RowParallel(module.base_layer, tp)
+    for lora_a in module.lora_A.values():
+        lora_a.weight = _cut(lora_a.weight, 1, tp.part(lora_a.in_features))
+        lora_a.in_features = lora_a.weight.shape[1]
+        lora_a.register_forward_hook(lambda _m, _args, out: tp.sum(out))
 
 
 def _enter_on_input(module: nn.Module, tp: Group) -> None:
@@ -124,19 +169,19 @@ def shard_block(layer: nn.Module, model_type: str, tp: Group) -> None:
     """Split one decoder layer's heads and MLP over the TP group, in place."""
     if model_type == "bloom":
         attn, mlp = layer.self_attention, layer.mlp
-        _column(attn.query_key_value, tp)  # rows laid out (head, q/k/v, head_dim): a head range
-        _row(attn, "dense", tp)
+        _column_parallel(attn, "query_key_value", tp)  # rows laid out (head, q/k/v, head_dim): a head range
+        _row_parallel(attn, "dense", tp)
         attn.num_heads //= tp.size
-        _column(mlp.dense_h_to_4h, tp)
-        _row(mlp, "dense_4h_to_h", tp)
+        _column_parallel(mlp, "dense_h_to_4h", tp)
+        _row_parallel(mlp, "dense_4h_to_h", tp)
     else:
         attn, mlp = layer.self_attn, layer.mlp
         for name in ("q_proj", "k_proj", "v_proj"):
-            _column(getattr(attn, name), tp)
-        _row(attn, "o_proj", tp)
+            _column_parallel(attn, name, tp)
+        _row_parallel(attn, "o_proj", tp)
         for name in ("gate_proj", "up_proj"):
-            _column(getattr(mlp, name), tp)
-        _row(mlp, "down_proj", tp)
+            _column_parallel(mlp, name, tp)
+        _row_parallel(mlp, "down_proj", tp)
     _enter_on_input(attn, tp)
     _enter_on_input(mlp, tp)
 

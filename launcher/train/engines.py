@@ -147,8 +147,10 @@ class Pipeline:
         world = torch.distributed.get_world_size()
         gathered = [None] * world if rank == 0 else None
         if self.spec.trains_adapters:
-            mine = {n: p.detach().to("cpu", copy=True) for n, p in self.local if p.requires_grad}
-            torch.distributed.gather_object(mine if self.dp_rank == 0 else {}, gathered, dst=0)
+            mine = {}
+            if self.dp_rank == 0:  # a TP group's adapters whole again (lora_A / lora_B shards)
+                mine = {n: self._whole(p).detach().to("cpu", copy=True) for n, p in self.local if p.requires_grad}
+            torch.distributed.gather_object(mine if self.tp_rank == 0 else {}, gathered, dst=0)
             if rank == 0:
                 self.model.save_pretrained(str(out), state_dict={k: v for part in gathered for k, v in part.items()})
         else:
