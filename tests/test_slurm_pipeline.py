@@ -21,21 +21,26 @@ PIPELINE = [
 ]
 
 
-def test_a_pipeline_job_with_one_stage_per_node_completes_with_the_curve_of_one_node(
-    slurm_cluster, tmp_path, capsys, cpu
-):
-    # 2 nodes x 1 rank: stage 0 on the first node, stage 1 on the second, activations between them
-    run_dir = write_run(tmp_path, "pipe", [*PIPELINE, "--backend", "slurm", "--gpus", "2x1xA100"], capsys)
+def slurm_then_torchrun(tmp_path, name: str, argv: list[str], nodes_gpus: str, one_host: str, capsys) -> None:
+    """The plan as a Slurm job across the two nodes completes and exports one model per stage
+    file; the same plan under torchrun on one host trains the same curve, bitwise."""
+    run_dir = write_run(tmp_path, name, [*argv, "--backend", "slurm", "--gpus", nodes_gpus], capsys)
     assert ft("launch", str(run_dir), "--detach", "--skip-preflight", capsys=capsys) == 0
     st = wait_state(run_dir, ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED"))
     log = slurm.log_path(run_dir, job_id(run_dir)).read_text()
     assert st["state"] == "COMPLETED", log[-3000:]
     assert sorted(curve(run_dir)) == list(range(1, 7))
     assert_pipeline_export(run_dir / "output" / "final", 2)
-    # the same plan on one node's two ranks under torchrun trains the same curve, bitwise
-    local = write_run(tmp_path, "pipe-local", [*PIPELINE, "--backend", "torchrun", "--gpus", "1x2xA100"], capsys)
+    local = write_run(tmp_path, f"{name}-local", [*argv, "--backend", "torchrun", "--gpus", one_host], capsys)
     assert ft("launch", str(local), "--skip-preflight", capsys=capsys) == 0
     assert_same_curve(curve(run_dir), curve(local))
+
+
+def test_a_pipeline_job_with_one_stage_per_node_completes_with_the_curve_of_one_node(
+    slurm_cluster, tmp_path, capsys, cpu
+):
+    # 2 nodes x 1 rank: stage 0 on the first node, stage 1 on the second, activations between them
+    slurm_then_torchrun(tmp_path, "pipe", PIPELINE, "2x1xA100", "1x2xA100", capsys)
 
 
 def test_a_3d_job_with_tensor_parallelism_inside_each_node_and_one_stage_per_node_completes(
@@ -43,14 +48,4 @@ def test_a_3d_job_with_tensor_parallelism_inside_each_node_and_one_stage_per_nod
 ):
     # 2 nodes x 2 ranks, tp 2 x pp 2: each node's two ranks split one stage's heads and vocabulary
     # (their all-reduces stay inside the node), the activations cross between the nodes
-    three_d = [*PIPELINE, "--tp", "2"]
-    run_dir = write_run(tmp_path, "tp-pipe", [*three_d, "--backend", "slurm", "--gpus", "2x2xA100"], capsys)
-    assert ft("launch", str(run_dir), "--detach", "--skip-preflight", capsys=capsys) == 0
-    st = wait_state(run_dir, ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED"))
-    log = slurm.log_path(run_dir, job_id(run_dir)).read_text()
-    assert st["state"] == "COMPLETED", log[-3000:]
-    assert sorted(curve(run_dir)) == list(range(1, 7))
-    assert_pipeline_export(run_dir / "output" / "final", 2)
-    local = write_run(tmp_path, "tp-pipe-local", [*three_d, "--backend", "torchrun", "--gpus", "1x4xA100"], capsys)
-    assert ft("launch", str(local), "--skip-preflight", capsys=capsys) == 0
-    assert_same_curve(curve(run_dir), curve(local))
+    slurm_then_torchrun(tmp_path, "tp-pipe", [*PIPELINE, "--tp", "2"], "2x2xA100", "1x4xA100", capsys)

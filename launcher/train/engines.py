@@ -81,7 +81,7 @@ class DataParallel:
 
 
 class Pipeline:
-    def __init__(self, model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int,
+    def __init__(self, model, spec: TrainSpec, ds_config: dict, optimizer_for, schedule, rank: int, world: int,
                  blocks: list[int]):
         import deepspeed
 
@@ -234,5 +234,6 @@ def build(model, params, spec: TrainSpec, ds_config: dict, optimizer_for, schedu
     parameters this rank trains (None: the config's AdamW); `schedule(optimizer)` the scheduler;
     `blocks` the plan's blocks per pipeline stage."""
     if spec.pp > 1:
-        return Pipeline(model, params, spec, ds_config, optimizer_for, schedule, rank, world, blocks)
+        # the stage's trainable parameters are chosen after its layers are cut to this rank's TP shard
+        return Pipeline(model, spec, ds_config, optimizer_for, schedule, rank, world, blocks)
     return DataParallel(model, params, spec, ds_config, optimizer_for, schedule, rank, world)
