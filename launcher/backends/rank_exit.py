@@ -108,12 +108,13 @@ def finish(code: int) -> None:
     torchrun reports as a failed job and restarts."""
     atexit._run_exitfuncs()
     for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed:
-                    obj.flush()
-            except Exception:  # noqa: BLE001 - a stream already broken stays so
-                pass
+        try:
+            # a weakref.proxy whose referent is gone raises ReferenceError at isinstance (torch.compile
+            # leaves such proxies behind)
+            if isinstance(obj, io.IOBase) and not obj.closed:
+                obj.flush()
+        except Exception:  # noqa: BLE001 - a stream already broken stays so
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
