@@ -81,6 +81,7 @@ def spec_line(spec, dp: int) -> str:
         f"tp {spec.tp} pp {spec.pp} dp {dp} | micro-batch {spec.micro_batch} x seq {spec.seq_len} "
         f"x accum {spec.grad_accum} | ckpt {spec.grad_ckpt} | attention {spec.attention}"
         + (" | packed rows" if spec.packing else "")
+        + (" | compiled blocks" if spec.compile else "")
         + "".join(f" | {t}" for t in spec.techniques())
     )
 

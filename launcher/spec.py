@@ -55,6 +55,9 @@ class TrainSpec:
     optimizer_step: str = "after-backward"  # in-backward: OPTIMIZER_STEPS
     # samples concatenated into full rows, attention kept within each (launcher/train/packing.py)
     packing: bool = False
+    # torch.compile of every transformer block (launcher/train/model.py compile_blocks): inductor
+    # fuses the element-wise work between the matmuls
+    compile: bool = False
     zero_stage: int = 0
     offload_optimizer: str = "none"
     offload_params: str = "none"
@@ -131,6 +134,9 @@ class TrainSpec:
                 f"--packing with --pp {self.pp}: packed rows need per-sample position ids, and DeepSpeed's "
                 "pipeline engine passes the token ids alone between stages; use --pp 1 or drop --packing"
             )
+        why = compile_conflict(self) if self.compile else None
+        if why is not None:
+            raise InvalidSpecError(f"--compile {why}")
         if self.optimizer_step == "in-backward":
             why = in_backward_conflict(self)
             if why is not None:
@@ -224,6 +230,19 @@ def deepspeed_conflict(spec: TrainSpec) -> str | None:
         return (
             "--precision bf16-pure needs --zero-stage 1 or more under DeepSpeed (its bf16 optimizer keeps master "
             "weights and states in bf16), or --optimizer-step in-backward at ZeRO-0"
+        )
+    return None
+
+
+def compile_conflict(spec: TrainSpec) -> str | None:
+    """Why the worker cannot torch.compile this configuration's blocks (the rest of the error line,
+    with what to do), or None. The blocks are compiled on the data-parallel engine; the pipeline's
+    stage modules and the tensor-parallel layers (AutoTP's, ftlaunch's own) put collectives inside
+    the block, which the worker does not compile."""
+    if spec.tp > 1 or spec.pp > 1:
+        return (
+            f"with --tp {spec.tp} --pp {spec.pp}: the worker compiles blocks on the data-parallel engine only "
+            "(tensor and pipeline layers put collectives inside them); use --tp 1 --pp 1 or drop --compile"
         )
     return None
 

@@ -131,6 +131,7 @@ def test_a_plain_ddp_script_and_a_module_run_on_every_rank(tmp_path, in_scripts,
     "script, stage, extra",
     [
         ("hf_trainer.py", 2, []),
+        ("hf_trainer.py", 2, ["--compile"]),
         ("hf_trainer.py", 3, []),
         ("trl_sft.py", 3, ["--max_length", "16"]),
     ],
@@ -142,15 +143,17 @@ def test_stock_trainer_scripts_run_the_plan(script, stage, extra, tmp_path, in_s
         pytest.importorskip("trl")
         # accelerate on a machine without an accelerator (see the file): what a GPU node gives it
         monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(CPU_ACCELERATE), os.environ.get("PYTHONPATH", "")]))
+    compiled = "--compile" in extra
     plan = ["--zero-stage", str(stage), "--precision", "fp32", "--micro-batch", "2", "--grad-accum", "2"]
-    plan += ["--lr", "3e-4", "--warmup-steps", "1"]
+    plan += ["--lr", "3e-4", "--warmup-steps", "1", *(["--compile"] if compiled else [])]
     program = ["--script", script, "--", "{hf_args}", "--output_dir", "{output_dir}", "--max_steps", "3"]
-    program += ["--report_to", "none", "--save_strategy", "no", *extra]
+    program += ["--report_to", "none", "--save_strategy", "no", *(e for e in extra if e != "--compile")]
     assert ftlaunch(tmp_path, "t", *plan, *program, dry_run=False) == 0
     out = tmp_path / "runs" / "t" / "output"
     for rank in (0, 1):
         got = json.loads((out / f"engine-{rank}.json").read_text())
-        assert got == {"world": 2, "stage": stage, "micro_batch": 2, "accum": 2, "lr": 3e-4, "scheduler": "WarmupLR"}
+        want = {"world": 2, "stage": stage, "micro_batch": 2, "accum": 2, "lr": 3e-4, "scheduler": "WarmupLR"}
+        assert got == {**want, **({"compiled": True} if compiled else {})}
 
 
 def test_the_trainer_flags_state_precision_and_checkpointing_either_way(tmp_path, in_scripts):

@@ -100,6 +100,8 @@ def note(entry, model: str, spec) -> str:
         f"\nYour program ({program.name(entry)}) runs on every rank in place of ftlaunch's worker. The memory and "
         f"speed figures above hold only if it trains {model} ({spec.method}) with this plan's settings: micro-batch "
         f"{spec.micro_batch}, accumulation {spec.grad_accum}, sequence length {spec.seq_len}, ZeRO-{spec.zero_stage}, "
-        f"{spec.precision}, activation checkpointing {spec.grad_ckpt}, {spec.loss} loss ({{hf_args}}, ds_config.json and accelerate_config.yaml "
+        f"{spec.precision}, activation checkpointing {spec.grad_ckpt}, {spec.loss} loss"
+        + (", its blocks under torch.compile" if spec.compile else "")
+        + " ({hf_args}, ds_config.json and accelerate_config.yaml "
         "carry them). Exit 75 after a checkpoint to be started again (Slurm requeues); exit 2 is not restarted.\n"
     )

@@ -10,7 +10,8 @@ hf_args.txt holds the TrainingArguments flags that give the Trainer the plan's v
 
     python -m torch.distributed.run ... train.py $(cat RUN/hf_args.txt) --output_dir OUT
 
-Precision and gradient checkpointing are stated either way (TRL's defaults differ from the Trainer's).
+Precision and gradient checkpointing are stated either way (TRL's defaults differ from the Trainer's);
+--compile adds --torch_compile True.
 Selective recomputation has no Trainer flag: such plans get full gradient checkpointing, which
 needs less memory than the plan counted. Pipeline plans have no Trainer form (the Trainer does
 not drive DeepSpeed's pipeline engine); the Trainer builds its own LoRA / QLoRA model.
@@ -73,4 +74,6 @@ def trainer_args(
     for precision in ("bf16", "fp16"):
         args += [f"--{precision}", str(bool(ds.get(precision, {}).get("enabled")))]
     args += ["--gradient_checkpointing", str(spec.grad_ckpt != "none")]
+    if spec.compile:
+        args += ["--torch_compile", "True"]  # the Trainer compiles the whole model (both default to off)
     return args

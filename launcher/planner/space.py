@@ -192,9 +192,8 @@ def _pinned_spec(request: Request, base: TrainSpec) -> None:
         if "zero_stage" in request.pinned:
             raise
         given = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in request.pins)
-        raise InvalidSpecError(
-            f"{given} cannot be combined (ZeRO-{pins['zero_stage']} needed): {err}"
-        ) from None
+        needed = f" (ZeRO-{pins['zero_stage']} needed)" if pins["zero_stage"] else ""
+        raise InvalidSpecError(f"{given} cannot be combined{needed}: {err}") from None
     why = tensor_parallel_conflict(spec)
     if why is not None:
         raise InvalidSpecError(

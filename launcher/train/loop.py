@@ -189,6 +189,9 @@ def train(run_dir: Path) -> int:
 
         chunks = -(-spec.micro_batch * spec.seq_len // LOSS_CHUNK_TOKENS)
         _log(run_dir, rank, {"event": "chunked_loss", "chunk_tokens": LOSS_CHUNK_TOKENS, "chunks": chunks})
+    if spec.compile:
+        compiled = sum(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+        _log(run_dir, rank, {"event": "compiled", "blocks": compiled})
     params = [p for p in model.parameters() if p.requires_grad]
     warmup = cfg.warmup_steps
 

@@ -303,7 +303,24 @@ def build_model(
             for p in model.parameters():  # fp32 adapters, as PEFT + bitsandbytes recipes train them
                 if p.requires_grad:
                     p.data = p.data.float()
+    if spec.compile:
+        compile_blocks(model)
     return model
+
+
+def compile_blocks(model) -> int:
+    """torch.compile every transformer block in place (nn.Module.compile: the module, its parameter
+    names, DeepSpeed's hooks and the checkpoint layout stay as they are; only the block's forward runs
+    compiled), as torchtune and torchtitan compile per block: one graph per block class, reused by
+    every layer. The blocks are the classes transformers will not split across devices
+    (`_no_split_modules`). Returns how many were compiled."""
+    from launcher.parallel.stages import causal_lm
+
+    names = set(getattr(causal_lm(model), "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    for block in blocks:
+        block.compile()
+    return len(blocks)
 
 
 def peft_targets(lm, spec: TrainSpec):

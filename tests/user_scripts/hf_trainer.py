@@ -27,5 +27,7 @@ e = trainer.model_wrapped
 out = {"world": torch.distributed.get_world_size(), "stage": e.zero_optimization_stage(),
        "micro_batch": e.train_micro_batch_size_per_gpu(), "accum": e.gradient_accumulation_steps(),
        "lr": e.get_lr()[0], "scheduler": type(e.lr_scheduler).__name__}
+if args.torch_compile:  # the Trainer's --torch_compile reaches DeepSpeed's engine
+    out["compiled"] = e.is_compiled
 with open(f"{args.output_dir}/engine-{torch.distributed.get_rank()}.json", "w") as f:
     f.write(json.dumps(out))
