@@ -39,6 +39,7 @@ FITTED = {
     "ELEMENTWISE_BYTES": (0.0, 800.0, 100.0, 0),
     "ATTENTION_EFFICIENCY_RATIO": (0.4, 0.85, 0.6, 3),
     "OVERLAP": (0.0, 1.0, 0.5, 2),
+    "COMPILE_ELEMENTWISE_RATIO": (0.05, 1.0, 0.5, 2),
 }
 GOLDEN = (math.sqrt(5) - 1) / 2
 

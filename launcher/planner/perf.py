@@ -22,7 +22,8 @@ exposed(c, w) = c - OVERLAP x min(c, w) for a transfer c that can hide behind co
              bandwidth: ELEMENTWISE_BYTES per token and layer per unit of width (hidden + the MLP's
              active intermediate per TP rank), EAGER_SCORE_BYTES per attention score; a recompute
              runs their forward share (a third) again. It is why small models and fast GPUs reach a
-             smaller fraction of their peak.
+             smaller fraction of their peak. --compile: inductor fuses chains of them into one
+             kernel each, COMPILE_ELEMENTWISE_RATIO of the bytes (the scores' passes stay).
   dequant    QLoRA: every 4-bit weight dequantised per use (forward, backward, recompute) at HBM
              bandwidth.
   tp_comm    per layer and micro-batch, 2 all-reduces forward + 2 backward (+2 in a full
@@ -158,7 +159,8 @@ def elementwise_bytes(arch: ModelArch, spec: TrainSpec) -> float:
     width = arch.hidden + ffn / spec.tp
     e = 4 if spec.precision == "fp32" else 2
     scores = arch.heads / spec.tp * spec.seq_len if unfused_attention(arch, spec) else 0.0
-    return C.ELEMENTWISE_BYTES * width * e / 2 + C.EAGER_SCORE_BYTES * scores * e / 2
+    fused = C.COMPILE_ELEMENTWISE_RATIO if spec.compile else 1.0
+    return C.ELEMENTWISE_BYTES * fused * width * e / 2 + C.EAGER_SCORE_BYTES * scores * e / 2
 
 
 @dataclass(frozen=True)
