@@ -156,4 +156,5 @@ def test_ablation_memory_falls_where_it_must(model, gpus):
     assert speed[2] > speed[1]  # bf16 tensor cores
     assert speed[7] < speed[6]  # offload costs time
     assert speed[10] < speed[9]  # so does the chunked loss's second head forward
+    assert speed[11] > speed[10] and gpu[11] == gpu[10]  # compiled blocks: faster, the same memory plan
     assert any(r.fits for r in rows)

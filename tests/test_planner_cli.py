@@ -120,7 +120,7 @@ def test_nothing_fits_json_still_prints_and_exits_2(capsys):
 
 def test_ablation_rows(capsys):
     code, data, _ = run_json(["plan", "--model", "llama-3.1-8b", "--gpus", "8xA100", "--ablate"], capsys)
-    assert code == 0 and len(data["ablation"]) == 11
+    assert code == 0 and len(data["ablation"]) == 12
     assert data["ablation"][0]["technique"].startswith("baseline")
     code, out, _ = run(["plan", "--model", "llama-3.1-8b", "--gpus", "8xA100", "--ablate"], capsys)
     assert "what each technique buys" in out and "+ QLoRA" in out and "+ chunked loss" in out

@@ -22,7 +22,7 @@ from launcher.planner.plans import Request
 STEPS: tuple[tuple[str, dict], ...] = (
     (
         "baseline: full fine-tuning, fp32, AdamW, no checkpointing, ZeRO-0",
-        dict(method="full", precision="fp32", optimizer="adamw", grad_ckpt="none", zero_stage=0),
+        dict(method="full", precision="fp32", optimizer="adamw", grad_ckpt="none", zero_stage=0, compile=False),
     ),
     ("+ activation checkpointing (full recompute)", dict(grad_ckpt="full")),
     ("+ bf16 mixed precision", dict(precision="bf16")),
@@ -38,6 +38,8 @@ STEPS: tuple[tuple[str, dict], ...] = (
     ("+ QLoRA (4-bit base weights)", dict(method="qlora")),
     # last: with the head frozen it always saves (a trained head adds its per-chunk weight gradient)
     ("+ chunked loss (LM head + cross-entropy 1024 tokens at a time)", dict(loss="chunked")),
+    # speed only: the memory plan of compiled blocks is the eager one (an upper bound)
+    ("+ torch.compile of every block (--compile: fused element-wise work)", dict(compile=True)),
 )
 
 
