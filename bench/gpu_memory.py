@@ -13,6 +13,9 @@ bench/gpu_memory_run.py runs one.
     python bench/gpu_memory.py --budget-s 480     on a machine with an NVIDIA GPU (~8 minutes)
     python bench/gpu_memory.py --cpu              the CPU smoke path: tiny-llama, full + lora, seq 128
     python bench/gpu_memory.py --dry-run          the matrix in run order with its estimates; runs nothing
+    python bench/gpu_memory.py --compile --models llama-3.2-1b --methods full --budget-s 150
+                                                  the same rows with compiled blocks (the speed model's
+                                                  --compile term against our worker; after the plain run)
 
 Rows run cheapest first in passes: pass 0 is every model x method at the first checkpointing
 mode and the shortest sequence, pass 1 the longest sequence with the last checkpointing mode,
@@ -21,7 +24,7 @@ when the estimate says it does not fit the GPU (--run-unfit runs it anyway), whe
 bitsandbytes or no GPU, and not run when its predicted time exceeds what is left of
 --budget-s. Outputs are rewritten after every row, so a run cut short keeps what it measured.
 
-Outputs (GPU run; a CPU run writes *.cpu.* beside them):
+Outputs (GPU run; a CPU run writes *.cpu.* beside them, a --compile run *.compiled.*):
     bench/results/gpu_memory.jsonl   one row per configuration: estimate, measured, error, status
     bench/results/gpu_memory.md      the same as a markdown table (for the README)
     bench/results/gpu_measured.jsonl two rows per measured configuration (metric allocated and
@@ -97,7 +100,11 @@ def estimate(args: dict) -> dict:
 
     argv = ["estimate", "--json"]
     for key, value in args.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(value, bool):  # a switch (--compile)
+            argv += [flag] if value else []
+        else:
+            argv += [flag, str(value)]
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = ftlaunch(argv)
@@ -256,6 +263,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq-lens", help="sequence lengths (default 1024,4096; CPU 128)")
     p.add_argument("--micro-batch", default="1", help="micro-batch sizes (default 1)")
     p.add_argument("--precision", default="bf16", help="bf16 (mixed, the default), bf16-pure, fp16, fp32")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="every row with its blocks under torch.compile (rows named -compiled): the measured tokens/s "
+        "checks the speed model's fused element-wise term; run beside a plain run of the same rows",
+    )
     p.add_argument("--steps", type=int, default=3, help="optimizer steps per row (default 3)")
     p.add_argument("--budget-s", type=float, default=480, help="wall-clock budget in seconds (default 480)")
     p.add_argument("--row-timeout-s", type=float, default=300, help="longest one row may run (default 300)")
@@ -288,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     seqs = [int(s) for s in (a.seq_lens or d["seq_lens"]).split(",")]
     mbs = [int(b) for b in a.micro_batch.split(",")]
     gpus, gpu_memory = gpu_for_estimate(env, cpu, a.gpu)
-    suffix = ".cpu" if cpu else ""
+    suffix = (".cpu" if cpu else "") + (".compiled" if a.compile else "")
     out = a.out or RESULTS / f"gpu_memory{suffix}.jsonl"
     md = a.md or out.with_suffix(".md")
     pub = a.published or out.parent / f"gpu_measured{suffix}.jsonl"
@@ -303,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         "optimizer_impl": "DeepSpeed's CPU AdamW" if cpu else "DeepSpeed FusedAdam",
     }
 
-    passes = matrix(models, methods, ckpts, seqs, mbs, a.precision)
+    passes = matrix(models, methods, ckpts, seqs, mbs, a.precision, a.compile)
     args = {c: c.args(gpus, gpu_memory) for _, c in passes}
     estimates = {c: estimate(args[c]) for _, c in passes}
     unavailable = unavailable_methods(env, cpu)

@@ -24,10 +24,12 @@ class Config:
     seq_len: int
     micro_batch: int
     precision: str = "bf16"
+    compile: bool = False  # --compile: every block under torch.compile (the speed model's fused term)
 
     @property
     def name(self) -> str:
-        return f"{self.model}-{self.method}-ckpt-{self.grad_ckpt}-s{self.seq_len}-b{self.micro_batch}"
+        name = f"{self.model}-{self.method}-ckpt-{self.grad_ckpt}-s{self.seq_len}-b{self.micro_batch}"
+        return name + ("-compiled" if self.compile else "")
 
     def args(self, gpus: str, gpu_memory: float | None = None) -> dict:
         """`ftlaunch estimate` flags (underscores for dashes), as published_memory.jsonl writes them."""
@@ -45,6 +47,8 @@ class Config:
             "tp": 1,
             "pp": 1,
         }
+        if self.compile:
+            args["compile"] = True
         if gpu_memory is not None:
             args["gpu_memory"] = gpu_memory
         return args
@@ -57,6 +61,7 @@ def matrix(
     seq_lens: list[int],
     micro_batches: list[int],
     precision: str = "bf16",
+    compile: bool = False,
 ) -> list[tuple[int, Config]]:
     """(pass, config) for the cross product. Pass 0: first checkpointing mode, shortest sequence,
     smallest micro-batch; then the variants with the most tokens first, the last checkpointing
@@ -67,7 +72,7 @@ def matrix(
     rest = sorted((v for v in variants if v != first), key=lambda v: (-v[1] * v[2], -ckpts.index(v[0]), v[2]))
     rank = {v: i for i, v in enumerate([first, *rest])}
     return [
-        (rank[(c, s, b)], Config(m, meth, c, s, b, precision))
+        (rank[(c, s, b)], Config(m, meth, c, s, b, precision, compile))
         for m in models
         for meth in methods
         for (c, s, b) in variants

@@ -118,6 +118,7 @@ def write_run(work: Path, c, gpus: str, weights: Path, data: Path, steps: int, e
         seq_len=c.seq_len,
         grad_ckpt=c.grad_ckpt,
         zero_stage=0,
+        compile=c.compile,
     )
     cfg = TrainingConfig(
         data=str(data),

@@ -44,7 +44,7 @@ from launcher.spec import TrainSpec  # noqa: E402
 
 CASES = ROOT / "bench" / "data" / "published_speed.jsonl"
 CLUSTER_KEYS = ("model", "gpus", "gpu_memory", "inter_node_bandwidth", "cpu_cores")
-GPU_MEASURED = ROOT / "bench" / "results" / "gpu_speed.jsonl"
+GPU_MEASURED = (ROOT / "bench" / "results" / "gpu_speed.jsonl", ROOT / "bench" / "results" / "gpu_speed.compiled.jsonl")
 MATMUL_TERMS = ("compute", "recompute")
 ROLES = ("calibration", "check")
 TARGET_MEDIAN = 10.0
@@ -194,7 +194,7 @@ def main() -> int:
     p.add_argument("--markdown", type=Path, metavar="FILE", help="write the table as markdown")
     p.add_argument("--json", type=Path, metavar="FILE", help="write every result as JSON")
     a = p.parse_args()
-    files = a.cases or [CASES] + ([GPU_MEASURED] if GPU_MEASURED.exists() else [])
+    files = a.cases or [CASES] + [p for p in GPU_MEASURED if p.exists()]
     rows = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
     results = [evaluate(r) for r in rows]
     summary = summarise(results)

@@ -27,6 +27,25 @@ def test_matrix_passes_cover_every_model_before_the_variants():
     }
 
 
+def test_compiled_rows_carry_the_switch_to_the_estimate_the_worker_and_the_speed_model(tmp_path):
+    """--compile: every row named -compiled, `ftlaunch estimate --compile` (the eager memory plan),
+    the run directory's spec compiles, and the speed model re-predicts the row with its fused term."""
+    from bench.gpu_memory_run import write_run
+    from bench.speed_accuracy import configuration
+    from launcher.rundir import read_run_dir
+
+    (_, plain), (_, compiled) = (gmm.matrix(["llama-3.2-1b"], ["full"], ["none"], [1024], [1], compile=c)[0]
+                                 for c in (False, True))
+    assert compiled.name == plain.name + "-compiled" and compiled.args("1xH100")["compile"] is True
+    assert "compile" not in plain.args("1xH100")
+    est = {c: gm.estimate(c.args("1xH100")) for c in (plain, compiled)}
+    assert "error" not in est[compiled] and est[compiled]["per_gpu"] == est[plain]["per_gpu"]
+    assert gm.predicted_speed(compiled.args("1xH100")) > gm.predicted_speed(plain.args("1xH100"))
+    assert configuration(compiled.args("1xH100"))[1].compile
+    run_dir = write_run(tmp_path, compiled, "1xH100", tmp_path / "w", tmp_path / "d.jsonl", 3, est[compiled])
+    assert read_run_dir(run_dir).spec["compile"] is True
+
+
 def test_plan_rows_skips_what_cannot_run_and_orders_cheap_first():
     passes = gmm.matrix(MODELS, ["full", "lora", "qlora"], ["none"], [1024], [1])
     estimates = {c: gm.estimate(c.args("1xA100-80GB")) for _, c in passes}
