@@ -17,6 +17,7 @@ peft = pytest.importorskip("peft")
 from launcher.memory import activations as A  # noqa: E402
 from launcher.memory import edges as E  # noqa: E402
 from launcher.memory import states as S  # noqa: E402
+from launcher.memory.attention import attention_impl  # noqa: E402
 from launcher.models.hf_config import arch_from_hf_config  # noqa: E402
 from launcher.spec import TrainSpec  # noqa: E402
 from tests.memtrack import LiveBytes, SavedBytes  # noqa: E402
@@ -220,7 +221,7 @@ def test_falcon_multi_query_sdpa_runs_the_math_kernel_and_is_counted_as_such(bat
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).train()
     spec = TrainSpec(precision="bf16", micro_batch=batch, seq_len=seq, attention="sdpa", method="full")
     arch = arch_from_hf_config(FALCON_MQA, "tiny-falcon-mqa")
-    assert A.attention_impl(arch, spec) == "math"
+    assert attention_impl(arch, spec) == "math"
     layer = A.layer_activations(arch, spec, set())
     assert layer.attention_scores == 4 * batch * arch.heads * seq * seq
     stored = arch.layers * A.stored_per_layer(arch, spec, layer) + E.edge_activations(arch, spec, True, True)
@@ -239,7 +240,7 @@ def test_falcon_multi_query_sdpa_runs_the_math_kernel_and_is_counted_as_such(bat
 
 def test_falcon_new_layout_keeps_the_fused_kernel():
     arch = arch_from_hf_config({**FALCON_MQA, "new_decoder_architecture": True, "num_kv_heads": 2}, "t")
-    assert A.attention_impl(arch, TrainSpec(attention="sdpa")) == "sdpa"
+    assert attention_impl(arch, TrainSpec(attention="sdpa")) == "sdpa"
     spec = TrainSpec(attention="sdpa")
     # no score-sized transient: only the MLP backward's two input-sized gradients remain
     mlp = 2 * spec.micro_batch * spec.seq_len * arch.ffn * 2

@@ -27,12 +27,16 @@ checkpointing (PyTorch's SAC policy as torchtitan uses it): the block input, the
 other matmul (`saved_matmul_outputs`) and the attention output + LSE are kept, element-wise ops
 (norms, activation functions, RoPE) are recomputed. Both add ONE block's full working set while that
 block is recomputed in backward.
+Compiled blocks (--compile) are counted as eager: inductor's partitioner recomputes element-wise
+ops in backward instead of saving their outputs, so they save less (~29 % on a tiny Llama,
+tests/test_compile.py checks the bound); the plan is an upper bound for them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.memory.attention import attention_impl, masked_sdpa, unfused_attention
 from launcher.memory.memo import ArchMemo
 from launcher.memory.states import bare_parameter, fused_experts, lora_targets
 from launcher.models.arch import ModelArch
@@ -48,9 +52,6 @@ _ACT_ALIASES = {
     "quick_gelu": "gelu_new",
     "gelu_accurate": "gelu_new",
 }
-EAGER_ONLY = {"bloom"}  # transformers implements only eager attention for these
-# transformers refuses sdpa for these (gemma2: soft-capped attention scores); flash-attn runs them
-EAGER_FOR_SDPA = {"gemma2"}
 # Eager attention whose softmax runs in the compute dtype; the others upcast it to fp32.
 _EAGER_SOFTMAX_IN_DTYPE = {"gpt2", "falcon"}
 
@@ -79,39 +80,6 @@ def activation_fn(arch: ModelArch) -> str:
         return "gelu"
     act = _ACT_ALIASES.get(act, act)
     return act if act in _ACT_SAVED else "gelu"
-
-
-def sdpa_math_kernel(arch: ModelArch) -> bool:
-    """Falcon's multi-query layout (falcon-7b) hands sdpa one K/V head against all query heads,
-    without enable_gqa; the flash and memory-efficient kernels refuse unequal head counts, so
-    sdpa runs its math kernel, on CUDA as on the CPU. (Falcon's newer layout broadcasts K/V to
-    the query shape first and keeps the fused kernels.)"""
-    return (
-        arch.model_type == "falcon"
-        and arch.kv_heads < arch.heads
-        and not arch.hf_config.get("new_decoder_architecture", False)
-    )
-
-
-def attention_impl(arch: ModelArch, spec: TrainSpec) -> str:
-    """What actually runs: eager, sdpa (a fused kernel), math (sdpa's unfused fallback) or flash."""
-    if arch.model_type in EAGER_ONLY or (spec.attention == "sdpa" and arch.model_type in EAGER_FOR_SDPA):
-        return "eager"
-    if spec.attention == "sdpa" and sdpa_math_kernel(arch):
-        return "math"
-    return spec.attention
-
-
-def unfused_attention(arch: ModelArch, spec: TrainSpec) -> bool:
-    """Attention as separate matmuls and a softmax (eager, sdpa's math kernel): s²-sized scores,
-    the full square computed, nothing a selective-checkpointing policy keeps."""
-    return attention_impl(arch, spec) in ("eager", "math")
-
-
-def masked_sdpa(arch: ModelArch, spec: TrainSpec) -> bool:
-    """Packed rows under sdpa: the block-diagonal mask makes sdpa run its masked kernel (memory-
-    efficient on CUDA) over the whole s x s square, where unmasked causal attention skips half."""
-    return spec.packing and attention_impl(arch, spec) == "sdpa"
 
 
 def dropout_rate(arch: ModelArch, *keys: str) -> float:

@@ -25,6 +25,7 @@ from launcher.memory import constants as C
 from launcher.memory import edges as E
 from launcher.memory import states as S
 from launcher.memory import transients as T
+from launcher.memory.attention import EAGER_FOR_SDPA, attention_impl
 from launcher.memory.host import host_and_nvme
 from launcher.memory.layout import check_parallelism
 from launcher.memory.memo import ArchMemo
@@ -243,9 +244,9 @@ def estimate(arch: ModelArch, spec: TrainSpec, cluster: ClusterSpec) -> Estimate
     dp = check_parallelism(arch, spec, cluster.world_size)
     targets = S.lora_targets(arch, spec) if spec.trains_adapters else set()
     notes: list[str] = []
-    impl = A.attention_impl(arch, spec)
+    impl = attention_impl(arch, spec)
     if impl == "eager" and spec.attention != "eager":
-        if arch.model_type in A.EAGER_FOR_SDPA:
+        if arch.model_type in EAGER_FOR_SDPA:
             notes.append(
                 f"transformers runs {arch.model_type}'s soft-capped attention eager, not sdpa (s² scores per layer); "
                 "counted as eager; --attention flash keeps it fused where flash-attn is installed"

@@ -66,7 +66,8 @@ from dataclasses import dataclass
 from launcher.gpus import GpuType
 from launcher.hardware import ClusterSpec, NodeSpec
 from launcher.memory import states as S
-from launcher.memory.activations import masked_sdpa, selective_matmuls, unfused_attention
+from launcher.memory.activations import selective_matmuls
+from launcher.memory.attention import masked_sdpa, unfused_attention
 from launcher.memory.edges import chunked_loss
 from launcher.memory.estimate import estimate, stage_split
 from launcher.models.arch import ModelArch

@@ -17,8 +17,8 @@ class ModelLoadError(FtlaunchError):
 
 
 def attention_impl_is_eager(model_type: str | None, attention: str) -> bool:
-    """Families transformers runs eager where sdpa is asked (memory.activations.attention_impl)."""
-    from launcher.memory.activations import EAGER_FOR_SDPA, EAGER_ONLY
+    """Families transformers runs eager where sdpa is asked (memory.attention.attention_impl)."""
+    from launcher.memory.attention import EAGER_FOR_SDPA, EAGER_ONLY
 
     return model_type in EAGER_ONLY or (attention == "sdpa" and model_type in EAGER_FOR_SDPA)
 
