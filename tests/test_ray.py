@@ -14,8 +14,9 @@ import pytest
 import yaml
 
 from launcher.backends import ray as ray_backend
-from launcher.backends.ray import train_settings
+from launcher.backends import ray_request
 from launcher.backends.ray_cluster import cluster_yaml
+from launcher.backends.ray_request import train_settings
 from launcher.cli import main
 from launcher.rundir import read_run_dir
 
@@ -144,21 +145,21 @@ def test_ray_flags_belong_to_the_ray_backend(extra, needle, tmp_path, capsys):
 
 def test_upload_leaves_out_outputs_weights_and_caches(tmp_path, capsys):
     run_dir, out = dry_run(tmp_path, capsys)
-    before, _, _ = ray_backend.upload_size(out["ray_job"])
+    before, _, _ = ray_request.upload_size(out["ray_job"])
     for rel in ("checkpoints/step-00000004/model.pt", "logs/launcher.log", "output/final/model.safetensors"):
         (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / rel).write_bytes(b"x" * 2**20)
     (run_dir / ".git").mkdir()
     (run_dir / ".git" / "pack").write_bytes(b"x" * 2**20)
     (run_dir / "notes.txt").write_bytes(b"x" * 1000)
-    after, biggest, _ = ray_backend.upload_size(out["ray_job"])
+    after, biggest, _ = ray_request.upload_size(out["ray_job"])
     assert after == before + 1000
     assert biggest.stat().st_size < 2**20  # none of the 1 MiB files left out was counted
 
 
 def test_exclusion_agrees_with_rays_own_matcher():
     pathspec = pytest.importorskip("ray._private.thirdparty.pathspec")
-    spec = pathspec.PathSpec.from_lines("gitwildmatch", ray_backend.EXCLUDES)
+    spec = pathspec.PathSpec.from_lines("gitwildmatch", ray_request.EXCLUDES)
     paths = [
         "plan.json",
         "logs/metrics.jsonl",
@@ -175,15 +176,15 @@ def test_exclusion_agrees_with_rays_own_matcher():
         "sub/job.json",
     ]
     for p in paths:
-        assert ray_backend._excluded(Path(p), ray_backend.EXCLUDES) == spec.match_file(p), p
+        assert ray_request._excluded(Path(p), ray_request.EXCLUDES) == spec.match_file(p), p
 
 
 def test_too_big_a_working_dir_is_refused_before_any_upload(tmp_path, capsys):
     run_dir, _ = dry_run(tmp_path, capsys, "--address", CLOSED)
     with open(run_dir / "train.jsonl", "wb") as f:  # sparse: no disk used
-        f.truncate((ray_backend.MAX_UPLOAD_MIB + 1) * 2**20)
+        f.truncate((ray_request.MAX_UPLOAD_MIB + 1) * 2**20)
     msg = one_line_error(["launch", str(run_dir), "--skip-preflight", "--detach"], capsys)
-    assert f"limit {ray_backend.MAX_UPLOAD_MIB} MiB" in msg and "train.jsonl" in msg
+    assert f"limit {ray_request.MAX_UPLOAD_MIB} MiB" in msg and "train.jsonl" in msg
     assert not (run_dir / "job.json").exists()
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import ray as ray_backend
+from launcher.backends import ray_request
 from launcher.cli import main
 from launcher.rundir import read_run_dir, write_run_dir
 from launcher.spec import TrainSpec
@@ -75,7 +76,7 @@ def ray_run(root: Path, name: str, address: str, spec: TrainSpec = SPEC, **train
     run = read_run_dir(run_dir)
     backend = {**run.backend, "name": "ray", "ray": {"address": address, "storage": None, "cpu": True}}
     run = run.model_copy(update={"backend": backend})
-    write_run_dir(root, run, ray_backend.files(run_dir, run), replan=True)
+    write_run_dir(root, run, ray_request.files(run_dir, run), replan=True)
     return run_dir
 
 
@@ -207,7 +208,7 @@ def test_rays_own_cli_runs_the_written_request(ray_cluster, tmp_path):
 
     run_dir = ray_run(tmp_path, "by-hand", ray_cluster, max_steps=4, save_every=2)
     request = json.loads((run_dir / "ray_job.json").read_text())
-    argv = ray_backend.submit_command(request, ray_cluster)
+    argv = ray_request.submit_command(request, ray_cluster)
     argv[0] = str(Path(sys.executable).parent / "ray")
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)

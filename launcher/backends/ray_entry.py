@@ -35,7 +35,7 @@ from pathlib import Path
 import launcher
 from launcher import program
 from launcher.backends import rank_exit
-from launcher.backends.ray import REQUEST_FILE, train_settings
+from launcher.backends.ray_request import REQUEST_FILE, train_settings
 from launcher.rundir import read_run_dir
 
 POINTER = "ftlaunch_checkpoint.json"

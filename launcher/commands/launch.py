@@ -238,7 +238,7 @@ def _explain_text(result) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from launcher.backends.ray import submit_command as ray_submit_command
+    from launcher.backends.ray_request import submit_command as ray_submit_command
     from launcher.emit import artifacts
     from launcher.rundir import check_name
 

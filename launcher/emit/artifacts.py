@@ -131,8 +131,8 @@ def write(
             launcher=launcher,
         )
     if run.backend.get("name") == "ray":
-        from launcher.backends import ray
+        from launcher.backends import ray_request
 
-        files.update(ray.files(run_dir, run))
+        files.update(ray_request.files(run_dir, run))
     write_run_dir(root, run, files, executable=("launch.sh",), replan=replan)
     return run_dir, argv
