@@ -55,6 +55,7 @@ def check_run_dir(run_dir: Path) -> list[str]:
         check_program(run.program)
         check_gpus(run, cpu=_is_cpu_run(run_dir))
         check_ops(spec)
+        check_compile(spec, cpu=_is_cpu_run(run_dir))
         return []
     check_versions()
     from launcher.train.tracking import check_installed
@@ -71,6 +72,7 @@ def check_run_dir(run_dir: Path) -> list[str]:
     examples, _, _ = prepare(run_dir, cfg, tokenizer, spec.seq_len)  # tokenised once, here, for all ranks
     check_gpus(run, cpu=_is_cpu_run(run_dir))
     check_ops(spec)
+    check_compile(spec, cpu=_is_cpu_run(run_dir))
     found, skipped = usable(run_dir / "checkpoints")
     then = f"the job resumes from step {found[0]}" if found else "the job starts from step 0"
     notes = [f"checkpoint step {step} is damaged ({why}): {then}" for step, why in skipped]
@@ -195,6 +197,30 @@ def check_ops(spec: TrainSpec) -> None:
         builder = getattr(op_builder, name)()
         if not builder.is_compatible(verbose=False):
             raise PreflightError(f"DeepSpeed cannot build {what} on this machine; ds_report shows why")
+
+
+def check_compile(spec: TrainSpec, cpu: bool) -> None:
+    """--compile: torch.compile's inductor builds its kernels here. On a CPU it compiles C++ (CXX, else
+    g++ / clang++ / c++); on GPUs its kernels are Triton's, and Triton builds a C launcher (CC, else cc /
+    gcc / clang). A container without a compiler fails in every rank at the first step otherwise."""
+    if not spec.compile:
+        return
+    import importlib.util
+    import shutil
+
+    env, names = ("CXX", ("g++", "clang++", "c++")) if cpu else ("CC", ("cc", "gcc", "clang"))
+    given = os.environ.get(env)
+    if not (shutil.which(given) if given else any(shutil.which(n) for n in names)):
+        what = f"${env}={given!r} is not" if given else f"no {' / '.join(names)} is"
+        raise PreflightError(
+            f"--compile: torch.compile builds its kernels with a {'C++' if cpu else 'C'} compiler and {what} on "
+            "the PATH here; install one (apt-get install build-essential) or plan without --compile"
+        )
+    if not cpu and importlib.util.find_spec("triton") is None:
+        raise PreflightError(
+            "--compile: torch.compile's GPU kernels are Triton's, and triton is not installed (it comes with "
+            "the CUDA builds of torch); pip install triton, or plan without --compile"
+        )
 
 
 def port_free(port: int, host: str = "0.0.0.0") -> bool:

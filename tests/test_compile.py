@@ -104,3 +104,24 @@ def test_the_worker_trains_compiled_blocks_on_the_eager_curve(tmp_path):
         assert logged == ([{"event": "compiled", "blocks": 2}] if on else [])
     assert len(curves[True]) == 3 and curves[True][-1] < curves[True][0], curves
     assert curves[True] == pytest.approx(curves[False], rel=1e-5), curves
+
+
+def test_preflight_wants_the_compiler_inductor_builds_with(monkeypatch, tmp_path):
+    """A container without a compiler would fail in every rank at the first step: one line before."""
+    from launcher.preflight import PreflightError, check_compile
+
+    check_compile(TrainSpec(compile=False), cpu=True)  # nothing asked, nothing checked
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    check_compile(TrainSpec(compile=False), cpu=True)
+    with pytest.raises(PreflightError, match="no g\\+\\+ / clang\\+\\+ / c\\+\\+ is on the PATH"):
+        check_compile(TrainSpec(compile=True), cpu=True)
+    with pytest.raises(PreflightError, match="C compiler and no cc / gcc / clang"):
+        check_compile(TrainSpec(compile=True), cpu=False)
+    (tmp_path / "my-cxx").write_text("#!/bin/sh\n")
+    (tmp_path / "my-cxx").chmod(0o755)
+    monkeypatch.setenv("CXX", "my-cxx")
+    check_compile(TrainSpec(compile=True), cpu=True)
+    monkeypatch.setenv("CXX", "gone-cxx")
+    with pytest.raises(PreflightError, match="CXX='gone-cxx' is not on the PATH"):
+        check_compile(TrainSpec(compile=True), cpu=True)
