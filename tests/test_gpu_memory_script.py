@@ -9,6 +9,7 @@ import pytest
 
 from bench import gpu_memory as gm
 from bench import gpu_memory_matrix as gmm
+from bench import gpu_memory_outputs as gmo
 from bench.accuracy import evaluate, measured_gib
 
 MODELS = ["qwen2.5-0.5b", "llama-3.1-8b"]
@@ -118,7 +119,7 @@ META = {
 
 def test_published_rows_load_in_the_accuracy_bench():
     row = _measured_row()
-    pub = gm.published([row, {**row, "status": "skipped: x"}], META)
+    pub = gmo.published([row, {**row, "status": "skipped: x"}], META)
     assert [p["metric"] for p in pub] == ["allocated", "reserved"]
     for p in pub:
         assert set(p) == {"id", "trust", "metric", "measured", "args", "source"} and p["trust"] == "A"
@@ -132,7 +133,7 @@ def test_published_rows_load_in_the_accuracy_bench():
     assert results[0]["error_pct"]["analytic"] == pytest.approx(
         gm.error_pct(row["est_peak_allocated_gib"], 8.5), abs=0.05
     )
-    md = gm.markdown(
+    md = gmo.markdown(
         [
             {
                 **row,
@@ -158,7 +159,7 @@ def test_speed_rows_load_in_the_speed_bench():
     row["args"] = {**row["args"], "gpu_memory": 139.8}
     row["est_tokens_per_s"] = gm.predicted_speed(row["args"])
     row.update(tokens_per_s=20000.0, error_speed_pct=gm.error_pct(row["est_tokens_per_s"], 20000.0))
-    rows = gm.speed_rows([row, {**row, "status": "failed: x"}, {**row, "error_speed_pct": None}], META)
+    rows = gmo.speed_rows([row, {**row, "status": "failed: x"}, {**row, "error_speed_pct": None}], META)
     assert len(rows) == 1 and rows[0]["measured"] == {"tokens_per_s_per_gpu": 20000.0}
     r = speed_evaluate(rows[0])
     assert r["predicted"] == pytest.approx(row["est_tokens_per_s"], rel=1e-3) and r["gpu"] == "H200"
@@ -170,7 +171,7 @@ def test_speed_rows_load_in_the_speed_bench():
         "seq_len": 4096,
         "micro_batch": 1,
     }
-    assert "| 20,000 |" in gm.markdown([{**row, **shape}], META)
+    assert "| 20,000 |" in gmo.markdown([{**row, **shape}], META)
 
 
 def test_worker_peak_memory_record_on_the_cpu():
