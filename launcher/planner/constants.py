@@ -44,7 +44,7 @@ DEFAULT_GLOBAL_BATCH = {"full": 64, "lora": 16, "qlora": 16}
 # the ranking (the figures printed stay the model's), so a plan with one more part must be faster
 # by more than the band to win, one with k more by more than the band k times over: each of those
 # terms is uncertain on its own (the offload terms have no calibration row at all).
-SPEED_UNCERTAINTY = 0.102
+SPEED_UNCERTAINTY = 0.108
 
 # Micro-batches searched (sequences per GPU per forward/backward).
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32, 64)
