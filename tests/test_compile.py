@@ -125,3 +125,19 @@ def test_preflight_wants_the_compiler_inductor_builds_with(monkeypatch, tmp_path
     monkeypatch.setenv("CXX", "gone-cxx")
     with pytest.raises(PreflightError, match="CXX='gone-cxx' is not on the PATH"):
         check_compile(TrainSpec(compile=True), cpu=True)
+
+
+def test_compile_blocks_finds_the_families_block_or_says_it_cannot():
+    """The blocks are the class transformers will not split (every catalog family names one); a model
+    that names none is one clear line, not a run that silently trains uncompiled."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from launcher.train.model import ModelLoadError, compile_blocks
+
+    cfg = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=64)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert compile_blocks(model) == 3  # compiled lazily: nothing is traced until a forward
+    assert all(layer._compiled_call_impl is not None for layer in model.model.layers)
+    with pytest.raises(ModelLoadError, match="names no transformer block class"):
+        compile_blocks(torch.nn.Sequential(torch.nn.Linear(4, 4)))

@@ -316,8 +316,14 @@ def compile_blocks(model) -> int:
     (`_no_split_modules`). Returns how many were compiled."""
     from launcher.parallel.stages import causal_lm
 
-    names = set(getattr(causal_lm(model), "_no_split_modules", None) or ())
+    lm = causal_lm(model)
+    names = set(getattr(lm, "_no_split_modules", None) or ())
     blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:  # every family in the catalog names its block; a custom model may not
+        raise ModelLoadError(
+            f"--compile: {type(lm).__name__} names no transformer block class (_no_split_modules) to compile; "
+            "plan without --compile"
+        )
     for block in blocks:
         block.compile()
     return len(blocks)
